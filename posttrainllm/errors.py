@@ -1,0 +1,43 @@
+"""The project's error types. They are raised deep down and turned into exit codes in one place (cli.py).
+
+Exit codes: 2 = usage error (bad option, recipe, path), 1 = runtime failure (data, model, training),
+130/143 = interrupted by SIGINT/SIGTERM after a checkpoint was saved.
+"""
+
+
+class PosttrainError(Exception):
+    """Base class: a failure with a message meant for people. Exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(PosttrainError):
+    """The command line or recipe is wrong (bad value, unknown key, missing path). Exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigErrors(UsageError):
+    """Several validation problems, reported together."""
+
+    def __init__(self, problems: list[str], hint: str | None = None):
+        self.problems = list(problems)
+        self.hint = hint
+        text = "; ".join(self.problems) if len(self.problems) == 1 else "\n".join(f"  - {p}" for p in self.problems)
+        if len(self.problems) > 1:
+            text = f"{len(self.problems)} problems:\n{text}"
+        if hint:
+            text = f"{text}\n{hint}"
+        super().__init__(text)
+
+
+class DataError(PosttrainError):
+    """The dataset cannot be read or has the wrong shape. Exit code 1."""
+
+
+class ModelError(PosttrainError):
+    """The model cannot be loaded, or its structure is not understood. Exit code 1."""
+
+
+class ModelStructureError(ModelError):
+    """The decoder block list (or embeddings/head) of a model could not be resolved. Exit code 1."""
