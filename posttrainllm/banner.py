@@ -1,0 +1,84 @@
+"""Rich output: the run banner with the per-block LR table, and end-of-run summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def fmt_lr(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2g}"
+
+
+def fmt_count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} B"
+
+
+def llrd_row(plan) -> str:
+    """`LR layer-decay: γ=0.95 → block_0 LR=2.3e-06, head LR=3e-05`."""
+    return f"LR layer-decay: {plan.summary_line()}"
+
+
+def tied_row(plan) -> str | None:
+    if not plan.tied:
+        return None
+    where = "decayed like block_0 (policy 'embedding')" if plan.tied_policy == "embedding" else "base LR like the head (policy 'head')"
+    return f"tied input/output embeddings: {plan.tied_param_name} trains at {fmt_lr(plan.tied_lr)}, {where}"
+
+
+def block_table(plan) -> Table:
+    t = Table(title="per-block learning rates", title_justify="left", show_edge=False, pad_edge=False)
+    for col, just in (("block", "left"), ("params", "right"), ("LR", "right"), ("scale", "right"), ("weight decay", "right"), ("frozen", "left")):
+        t.add_column(col, justify=just)
+    for r in plan.rows:
+        name = r["block"] + (" (tied)" if r.get("tied") else "")
+        frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
+        t.add_row(name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}", f"{r['weight_decay']:g}", frozen)
+    return t
+
+
+def print_banner(title: str, info: dict[str, Any], plan, notes: list[str] = ()) -> None:
+    """The run banner: what runs on what, then the layer-decay row and the per-block table."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in info.items():
+        if v not in (None, ""):
+            t.add_row(k, str(v))
+    console.rule(f"[bold]posttrainllm {title}")
+    console.print(t)
+    console.print(llrd_row(plan))
+    if tied := tied_row(plan):
+        console.print(tied)
+    if plan.frozen_param_names:
+        frozen_blocks = [r["block"] for r in plan.rows if r.get("frozen")]
+        console.print(f"frozen below scale {plan.freeze_below:g}: {', '.join(frozen_blocks)} ({len(plan.frozen_param_names)} tensors, {fmt_bytes(plan.frozen_state_bytes_saved)} of AdamW state saved)")
+    if plan.min_scale > 0:
+        console.print(f"LR scale clamped at {plan.min_scale:g} (--llrd-min-scale)")
+    for w in list(plan.warnings) + list(notes):
+        console.print(f"[yellow]note:[/] {w}")
+    console.print(block_table(plan))
+    console.print(f"{len(plan.groups)} optimizer groups")
+
+
+def print_forgetting(report: dict[str, dict]) -> None:
+    t = Table(title="out-of-domain perplexity (forgetting)", title_justify="left")
+    for col in ("text", "before", "after", "change"):
+        t.add_column(col, justify="left" if col == "text" else "right")
+    for name, r in report.items():
+        t.add_row(name, f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['change_pct']:+.2f}%")
+    console.print(t)

@@ -1,0 +1,173 @@
+"""The `posttrainllm` command line: one short function per command; heavy imports only when a run starts.
+
+Each command: parse (Typer) → resolve + validate the config (config.py, torch-free) → hand off to
+`posttrainllm.run`, which imports torch/transformers/TRL. Errors become exit codes here, in one place.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from posttrainllm import __version__
+from posttrainllm.config import Opt, options_for, resolve
+from posttrainllm.errors import PosttrainError
+
+HELP = (
+    "LLM post-training (SFT, DPO, raw-text finetune, from-scratch pretrain) on TRL/transformers, with "
+    "layer-wise learning-rate decay (--llrd) to keep what the model already knows."
+)
+
+
+class OptionalValueCommand(TyperCommand):
+    """Lets options with a `bare` value be given without one: `--llrd` alone means `--llrd 0.95`.
+
+    Click has no optional-value options that also accept negative or text values, so the argument list is
+    rewritten before parsing: a bare flag (followed by nothing or by another `--option`) gets its bare value.
+    Anything else that follows is taken as the value and validated (so `--llrd -1` or `--llrd abc` are errors).
+    """
+
+    bare_values: dict[str, str] = {}
+
+    def parse_args(self, ctx, args):
+        out = []
+        for i, tok in enumerate(args):
+            out.append(tok)
+            if tok in self.bare_values:
+                nxt = args[i + 1] if i + 1 < len(args) else None
+                if nxt is None or nxt.startswith("--"):
+                    out.append(self.bare_values[tok])
+        return super().parse_args(ctx, out)
+
+
+app = typer.Typer(
+    name="posttrainllm",
+    help=HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    cls=TyperGroup,
+    rich_markup_mode=None,
+)
+
+
+def _typer_param(o: Opt) -> inspect.Parameter:
+    """An inspect.Parameter carrying the Typer option for one table entry (values arrive raw; config validates)."""
+    help_text = o.help + (" [required]" if o.required else "")
+    if o.type is bool:
+        ann = Annotated[Optional[bool], typer.Option(o.cli_flag, help=help_text, show_default=False, rich_help_panel=o.panel)]
+    elif o.type is list:
+        ann = Annotated[Optional[list[str]], typer.Option(o.cli_flag, help=help_text, metavar=o.metavar, show_default=False, rich_help_panel=o.panel)]
+    else:
+        shown = None if o.default is None else str(o.default)
+        ann = Annotated[
+            Optional[str],
+            typer.Option(o.cli_flag, help=help_text + (f" [default: {shown}]" if shown else ""), metavar=o.metavar or o.type.__name__.upper(), show_default=False, rich_help_panel=o.panel),
+        ]
+    return inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+
+
+def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None:
+    """Create the Typer command `name` from the option table; its body resolves the config and calls handler."""
+    opts = options_for(name)
+
+    def command(**kwargs: Any) -> None:
+        debug = bool(kwargs.get("debug"))
+        code = guarded(lambda: handler(resolve(name, kwargs)), debug)
+        if code:
+            raise typer.Exit(code)
+
+    params = [_typer_param(o) for o in opts]
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__name__ = name
+    command.__doc__ = help_text
+    cls = type(f"{name.title()}Command", (OptionalValueCommand,), {"bare_values": {o.cli_flag: str(o.bare) for o in opts if o.bare is not None}})
+    app.command(name, cls=cls, help=help_text)(command)
+
+
+def guarded(fn: Callable[[], Any], debug: bool) -> int:
+    """Run fn; turn the project's errors (and anything unexpected) into one clear line and an exit code."""
+    try:
+        fn()
+        return 0
+    except PosttrainError as e:
+        if debug:
+            raise
+        _error(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - last resort: one line, traceback only with --debug
+        if debug:
+            raise
+        _error(f"{type(e).__name__}: {e}".strip() + "  (run with --debug for the traceback)")
+        return 1
+
+
+def _error(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
+
+
+# -- the commands: each hands the resolved config to the run module (heavy imports happen there) -------------------
+def _sft(cfg):
+    from posttrainllm import run
+
+    run.train(cfg)
+
+
+def _pretrain(cfg):
+    from posttrainllm import run
+
+    run.pretrain(cfg)
+
+
+def _eval(cfg):
+    from posttrainllm import run
+
+    run.evaluate(cfg)
+
+
+def _demo(cfg):
+    from posttrainllm import demo
+
+    demo.run_demo(cfg)
+
+
+_register("pretrain", "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).", _pretrain)
+_register("sft", "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).", _sft)
+_register("dpo", "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).", _sft)
+_register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _sft)
+_register("eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval)
+_register("demo", "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.", _demo)
+
+
+def _version_callback(value: bool):
+    if value:
+        print(f"posttrainllm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = None,
+):
+    """LLM post-training with layer-wise learning-rate decay."""
+
+
+def main() -> None:
+    app(prog_name="posttrainllm")
+
+
+if __name__ == "__main__":
+    main()

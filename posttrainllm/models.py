@@ -1,0 +1,130 @@
+"""Loading models and tokenizers (local dirs or hub ids), from-scratch presets, tokenizer training, precision."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from posttrainllm.errors import ModelError, UsageError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.safetensors")
+
+# From-scratch presets for `pretrain` (llama-style decoder). `--model-config` also takes a config.json path.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "small": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2),
+    "base": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4),
+}
+
+
+def check_model_ref(ref: str, what: str = "--model") -> None:
+    """Fail early (exit 2) on a local model directory that cannot be a model; hub ids are checked when loaded."""
+    p = Path(ref).expanduser()
+    if not p.exists():
+        return
+    if not p.is_dir():
+        raise UsageError(f"{what} {ref} is a file; pass the model directory (with config.json and weights) or a hub id")
+    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        raise UsageError(f"{what} {ref} has no config.json: not a Hugging Face model directory")
+    if not any((p / f).is_file() for f in WEIGHT_FILES) and not list(p.glob("*.safetensors")):
+        raise UsageError(f"{what} {ref} has no weights (model.safetensors / pytorch_model.bin)")
+
+
+def pick_precision(requested: str = "auto") -> str:
+    """auto → bf16 on a GPU that supports it, fp16 on other GPUs, fp32 on CPU (TRL's bf16 default fails on CPU)."""
+    import torch
+
+    if requested != "auto":
+        if requested in ("bf16", "fp16") and not torch.cuda.is_available():
+            raise UsageError(f"--precision {requested} needs a GPU; on CPU use fp32 (or auto)")
+        return requested
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def load_tokenizer(ref: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot load a tokenizer from {ref}: {_short(e)}") from e
+    if tok.pad_token is None:
+        if tok.eos_token is not None:
+            tok.pad_token = tok.eos_token
+        else:
+            tok.add_special_tokens({"pad_token": "<|pad|>"})
+    return tok
+
+
+def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "fp32", what: str = "--model"):
+    """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check_model_ref(ref, what)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float32}[precision]  # fp16: AMP on fp32 weights
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise UsageError(f"{ref} contains custom code; re-run with --trust-remote-code if you trust it") from e
+        raise ModelError(f"cannot load model {ref}: {_short(e)}") from e
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot load model {ref}: {_short(e)}") from e
+    return model
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+# -------------------------------------------------------------------------------------------------------- pretrain
+def scratch_config(spec: str, vocab_size: int, max_length: int, tokenizer):
+    """A from-scratch config: a preset name (llama-style) or a path to a config.json of any causal-LM architecture."""
+    from transformers import AutoConfig, LlamaConfig
+
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if spec in PRESETS:
+        return LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max(max_length, 256), tie_word_embeddings=False, **PRESETS[spec], **special)
+    p = Path(spec).expanduser()
+    if not p.is_file():
+        raise UsageError(f"--model-config {spec}: not a preset ({', '.join(PRESETS)}) and no such config.json file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        model_type = data.pop("model_type")
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--model-config {spec}: not a readable config.json with a model_type ({_short(e)})") from None
+    data.update(vocab_size=vocab_size, **{k: v for k, v in special.items() if v is not None})
+    return AutoConfig.for_model(model_type, **data)
+
+
+def train_bpe_tokenizer(texts, vocab_size: int):
+    """A byte-level BPE tokenizer trained on the corpus (tokenizers library), wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token=None,
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=1_000_000,
+    )
+
+
+def dir_is_nonempty(path: str) -> bool:
+    return os.path.isdir(path) and any(os.scandir(path))

@@ -1,0 +1,268 @@
+"""What a command does once its config is valid: build → plan → banner → hand off to the trainer → save.
+
+This is the only module of the CLI path that imports torch/transformers/TRL (through its callees).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from posttrainllm import banner, checkpoints
+from posttrainllm.checkpoints import is_rank0, write_json
+from posttrainllm.errors import UsageError
+
+TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
+
+
+def llrd_settings(cfg) -> dict:
+    """Keyword arguments for llrd.build_param_groups from the run config (pretrain's key is lr_layer_decay)."""
+    return dict(
+        gamma=cfg.gamma,
+        weight_decay=cfg.weight_decay,
+        tied_policy=cfg.tied_embeddings,
+        min_scale=cfg.llrd_min_scale,
+        freeze_below=cfg.llrd_freeze_below,
+        block_path=cfg.llrd_blocks,
+    )
+
+
+def _prepare_output(cfg) -> Path | None:
+    """Output-dir safety before anything heavy; returns the checkpoint to resume from (or None)."""
+    checkpoints.check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, resume=cfg.resume, dry_run=cfg.dry_run)
+    resume_from = None
+    if cfg.resume:
+        resume_from, skipped = checkpoints.resume_checkpoint(cfg.output_dir)
+        checkpoints.check_resume_config(cfg.output_dir, cfg.to_dict(), cfg.allow_config_change)
+        if skipped and is_rank0():
+            banner.console.print(f"[yellow]note:[/] skipped incomplete checkpoint(s): {', '.join(d.name for d in skipped)}")
+    elif cfg.overwrite and is_rank0() and not cfg.dry_run:
+        checkpoints.clear_output_dir(cfg.output_dir)
+    return resume_from
+
+
+def _write_plan(cfg, plan, extra: dict | None = None) -> None:
+    if not is_rank0():
+        return
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "param_groups.json", plan.to_json())
+    if not cfg.resume:
+        write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **(extra or {})})
+
+
+def _apply_lora(model, cfg):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UsageError("--lora-r needs PEFT: pip install 'posttrainllm[peft]'") from None
+    targets = cfg.lora_targets.strip()
+    target_modules = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=cfg.lora_dropout, target_modules=target_modules, task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, lcfg)
+    except ValueError as e:
+        raise UsageError(f"--lora-targets {targets}: {str(e).splitlines()[0]}") from None
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+
+
+def _ood_eval(model, tokenizer, cfg) -> dict:
+    from posttrainllm.evaluate import evaluate_files
+
+    return evaluate_files(model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0())
+
+
+def _prepare_data(cfg, tokenizer):
+    from posttrainllm import data
+
+    common = dict(eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples)
+    if cfg.command == "sft":
+        prepared = data.prepare_sft(cfg.dataset, tokenizer, **common)
+    elif cfg.command == "dpo":
+        prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
+    else:
+        prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
+    if cfg.values.get("replay_dataset"):
+        replay = data.prepare_text(cfg.replay_dataset, tokenizer, max_length=cfg.max_length, seed=cfg.seed)
+        prepared.train = data.mix_replay(prepared.train, replay.train, cfg.replay_ratio, cfg.seed)
+        prepared.n_train = len(prepared.train)
+    return prepared
+
+
+def train(cfg) -> None:
+    """sft / dpo / finetune."""
+    resume_from = _prepare_output(cfg)
+
+    from transformers import set_seed
+
+    from posttrainllm import models
+    from posttrainllm.llrd import build_param_groups
+
+    set_seed(cfg.seed)
+    precision = models.pick_precision(cfg.precision)
+    models.check_model_ref(cfg.model)
+    if cfg.command == "dpo" and cfg.ref_model:
+        models.check_model_ref(cfg.ref_model, "--ref-model")
+    tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
+    prepared = _prepare_data(cfg, tokenizer)
+    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    ref_model = None
+    if cfg.command == "dpo" and not cfg.lora_r:
+        ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model") if cfg.ref_model else copy.deepcopy(model)
+    if cfg.lora_r:
+        model = _apply_lora(model, cfg)
+
+    plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
+    notes = [n for n in (prepared.template_note,) if n]
+    if cfg.trust_remote_code:
+        notes.append("--trust-remote-code is on: the model repository's own code runs")
+    from posttrainllm.data import describe
+    from posttrainllm.trainers import total_steps
+
+    n_total = sum(p.numel() for p in model.parameters())
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info = {
+        "model": f"{cfg.model} ({type(model).__name__}, {plan.num_layers} blocks, {banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
+        "data": describe(prepared),
+        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, max length {cfg.max_length})",
+        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
+        "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}" if cfg.lora_r else None,
+        "DPO": f"β={cfg.beta}, reference={cfg.ref_model or ('adapter-disabled base' if cfg.lora_r else 'frozen copy of --model')}" if cfg.command == "dpo" else None,
+        "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.values.get("replay_dataset") else None,
+        "precision": f"{precision} on {_device_name()}",
+        "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
+    }
+    if is_rank0():
+        banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
+    _write_plan(cfg, plan, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval})
+    if cfg.dry_run:
+        if is_rank0():
+            banner.console.print(f"dry run: nothing trained; parameter groups written to {Path(cfg.output_dir) / 'param_groups.json'}")
+        return
+
+    before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
+    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, ref_model=ref_model, before=before)
+
+
+def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, *, ref_model=None, before=None) -> None:
+    from posttrainllm.trainers import build_trainer
+
+    guard = checkpoints.InterruptGuard()
+    callbacks = [checkpoints.make_callback(guard)]
+    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, llrd_settings=llrd_settings(cfg), ref_model=ref_model, callbacks=callbacks)
+    t0 = time.time()
+    with guard:
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if guard.signum is not None:
+        if trainer.is_world_process_zero():
+            resume_cmd = " ".join(a for a in sys.argv if a not in ("--overwrite",))
+            if "--resume" not in sys.argv:
+                resume_cmd += " --resume"
+            banner.console.print(f"[yellow]interrupted[/] at step {trainer.state.global_step}: checkpoint saved in {cfg.output_dir}. Resume with:\n  {resume_cmd}")
+        raise SystemExit(guard.exit_code)
+
+    metrics = dict(result.metrics)
+    if prepared.eval is not None:
+        metrics.update(trainer.evaluate())
+    if trainer.is_world_process_zero():
+        out = Path(cfg.output_dir)
+        checkpoints.save_final(trainer, tokenizer, cfg.output_dir)
+        trainer.state.save_to_json(str(out / "trainer_state.json"))
+        results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2)}
+        if before is not None:
+            from posttrainllm.evaluate import forgetting_report
+
+            after = _ood_eval(trainer.model, tokenizer, cfg)
+            report = forgetting_report(before, after)
+            results["ood"] = report
+            banner.print_forgetting(report)
+        write_json(out / "eval_results.json", results)
+        write_json(out / checkpoints.FINAL_MARKER, {"global_step": trainer.state.global_step, "train_loss": metrics.get("train_loss"), "eval_loss": metrics.get("eval_loss")})
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "train_runtime", "train_samples_per_second")}
+        banner.console.print(f"done: {shown}; model saved to {cfg.output_dir}")
+
+
+def pretrain(cfg) -> None:
+    """From scratch: train a byte-level BPE tokenizer on the corpus, build a preset model, causal-LM training."""
+    resume_from = _prepare_output(cfg)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+
+    from posttrainllm import data, models
+    from posttrainllm.llrd import build_param_groups
+
+    set_seed(cfg.seed)
+    precision = models.pick_precision(cfg.precision)
+    texts = [r["text"] for r in data.read_records(cfg.dataset) if isinstance(r.get("text"), str)]
+    if not texts:
+        raise UsageError(f"--dataset {cfg.dataset}: pretrain needs plain text (.txt, or records with a 'text' column)")
+    tok_dir = Path(cfg.output_dir) / "tokenizer"
+    if resume_from and tok_dir.is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    else:
+        tokenizer = models.train_bpe_tokenizer(texts, cfg.vocab_size)
+    prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples)
+    config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
+    model = AutoModelForCausalLM.from_config(config)
+    plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
+    from posttrainllm.data import describe
+    from posttrainllm.trainers import total_steps
+
+    info = {
+        "model": f"from scratch: {cfg.model_config} ({config.model_type}, {plan.num_layers} blocks, {banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
+        "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens, trained on the corpus",
+        "data": describe(prepared),
+        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, block length {cfg.max_length})",
+        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
+        "precision": f"{precision} on {_device_name()}",
+        "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
+    }
+    if is_rank0():
+        banner.print_banner("pretrain" + (" (dry run)" if cfg.dry_run else ""), info, plan)
+    _write_plan(cfg, plan, {"n_train": prepared.n_train, "n_eval": prepared.n_eval})
+    if cfg.dry_run:
+        if is_rank0():
+            banner.console.print(f"dry run: nothing trained; parameter groups written to {Path(cfg.output_dir) / 'param_groups.json'}")
+        return
+    if is_rank0():
+        tokenizer.save_pretrained(str(tok_dir))
+    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from)
+
+
+def evaluate(cfg) -> None:
+    """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
+    from posttrainllm import evaluate as ev
+
+    model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    sft_examples = None
+    if cfg.sft_dataset:
+        from posttrainllm import data
+
+        records = data.read_records(cfg.sft_dataset)
+        sft_examples = records
+    results = ev.evaluate_files(model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json)
+    if cfg.json:
+        print(json.dumps(results))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"eval: {cfg.model} (windows of {cfg.max_length} tokens)", title_justify="left")
+    for col in ("input", "perplexity", "tokens"):
+        t.add_column(col, justify="left" if col == "input" else "right")
+    for name, r in results.items():
+        if "perplexity" in r:
+            t.add_row(name, f"{r['perplexity']:.4f}", str(r["tokens"]))
+        else:
+            t.add_row(name + " (completion loss)", f"{r['loss']:.4f}", str(r.get("completion_tokens", "")))
+    banner.console.print(t)

@@ -1,0 +1,120 @@
+"""The trainers: TRL's SFTTrainer / DPOTrainer and transformers' Trainer, plus one mixin that puts the
+layer-wise LR groups in through `create_optimizer` (the hook FSDP and DeepSpeed respect, unlike `optimizers=`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+from posttrainllm.errors import UsageError
+from posttrainllm.llrd import build_param_groups
+
+
+class LLRDMixin:
+    """Mixed in before a transformers/TRL trainer class.
+
+    `llrd_settings` holds the keyword arguments of `build_param_groups` except the base LR (taken from
+    `args.learning_rate`). The optimizer class and its kwargs come from the user's `--optim` via
+    `get_optimizer_cls_and_kwargs`, so fused/foreach AdamW, Adafactor, 8-bit AdamW... all get our groups;
+    optimizers that build their own groups (GaLore, LOMO, Muon...) are refused when γ < 1.
+    """
+
+    llrd_settings: dict[str, Any] | None = None
+    llrd_plan = None
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is not None or self.llrd_settings is None:
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        plan = build_param_groups(opt_model, self.args.learning_rate, **self.llrd_settings)
+        optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        own_groups = not inspect.isclass(optimizer_cls) or {"params", "model", "optimizer_dict"} & set(kwargs)
+        if own_groups:
+            if plan.gamma < 1.0 or plan.min_scale > 0 or plan.freeze_below > 0:
+                raise UsageError(f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd")
+            return super().create_optimizer(model)
+        self.optimizer = optimizer_cls(plan.groups, **kwargs)
+        self.llrd_plan = plan
+        return self.optimizer
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        # HF logs only group 0's LR (the embeddings when LLRD is on): add the smallest and largest group LR.
+        if self.optimizer is not None and "loss" in logs:
+            lrs = [g["lr"] for g in self.optimizer.param_groups if g["params"]]
+            if lrs:
+                logs["lr_min"], logs["lr_max"] = min(lrs), max(lrs)
+        super().log(logs, *args, **kwargs)
+
+
+def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
+    """TrainingArguments fields shared by every command (TRL configs extend TrainingArguments)."""
+    eval_steps = cfg.eval_steps
+    return dict(
+        output_dir=cfg.output_dir,
+        learning_rate=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        optim=cfg.optim,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_ratio,
+        max_steps=cfg.max_steps,
+        num_train_epochs=cfg.epochs,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        save_safetensors=True,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        eval_strategy=("steps" if eval_steps else "no") if has_eval else "no",
+        eval_steps=eval_steps,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        report_to=[],
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+    )
+
+
+def _filter_kwargs(config_cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+    fields = set(getattr(config_cls, "__dataclass_fields__", {}))
+    return {k: v for k, v in kwargs.items() if k in fields}
+
+
+def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, llrd_settings: dict[str, Any], ref_model=None, callbacks=()):
+    """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed."""
+    has_eval = eval_ds is not None
+    args = common_args(cfg, precision, has_eval=has_eval)
+    if kind == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=None)
+        cls = type("LLRDSFTTrainer", (LLRDMixin, SFTTrainer), {"llrd_settings": llrd_settings})
+        trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
+    elif kind == "dpo":
+        from trl import DPOConfig, DPOTrainer
+
+        conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length)
+        cls = type("LLRDDPOTrainer", (LLRDMixin, DPOTrainer), {"llrd_settings": llrd_settings})
+        trainer = cls(model=model, ref_model=ref_model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
+    elif kind == "causal_lm":
+        from transformers import Trainer, TrainingArguments, default_data_collator
+
+        conf = TrainingArguments(**_filter_kwargs(TrainingArguments, args))
+        cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_settings": llrd_settings})
+        trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
+    else:  # pragma: no cover - programming error
+        raise ValueError(kind)
+    return trainer
+
+
+def total_steps(cfg, n_train: int, world_size: int = 1) -> int:
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    return max(1, math.ceil(math.ceil(n_train / (cfg.batch_size * world_size)) / cfg.grad_accum * cfg.epochs))

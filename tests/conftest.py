@@ -1,0 +1,89 @@
+"""Shared fixtures: tiny models and tokenizers built locally (no hub access), small data files."""
+
+import json
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog. " * 3,
+    "def add(a, b):\n    return a + b\n",
+    "Instruction: add two numbers. Response: the sum is 42.",
+    "hello world, this is a tiny corpus for a tiny tokenizer.",
+]
+
+
+def build_tokenizer(texts=CORPUS, vocab_size=320):
+    from posttrainllm.models import train_bpe_tokenizer
+
+    return train_bpe_tokenizer(texts * 20, vocab_size)
+
+
+def build_tiny_model(tokenizer, n_layers=4, hidden=32, model_type="llama", **extra):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        **extra,
+    )
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A 4-block llama-style model with a byte-level BPE tokenizer, saved in HF format."""
+    import torch
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tok = build_tokenizer()
+    model = build_tiny_model(tok)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def alpaca_file(tmp_path):
+    rows = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(32)]
+    p = tmp_path / "alpaca.json"
+    p.write_text(json.dumps(rows))
+    return p
+
+
+@pytest.fixture
+def preference_file(tmp_path):
+    rows = [{"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"no {i + 3} maybe"} for i in range(32)]
+    return write_jsonl(tmp_path / "prefs.jsonl", rows)
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_text("\n".join(CORPUS * 40))
+    return p

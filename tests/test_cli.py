@@ -1,0 +1,136 @@
+"""CLI contract: commands listed, --llrd optional value and range, all problems reported at once, lazy imports."""
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrainllm.cli import app
+from posttrainllm.config import resolve
+
+runner = CliRunner()
+BASE = ["--model", "m", "--dataset", "d.jsonl", "--output-dir", "out"]
+
+
+def test_help_lists_the_four_training_commands():
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0
+    for cmd in ("pretrain", "sft", "dpo", "finetune"):
+        assert cmd in r.output
+
+
+@pytest.mark.parametrize("cmd", ["sft", "dpo", "finetune"])
+@pytest.mark.parametrize("bad", ["0.49", "1.2", "nan", "inf", "-inf", "-1", "0", "abc", "", "1e400"])
+def test_llrd_out_of_range_exits_2_naming_the_range(cmd, bad, tmp_path):
+    r = runner.invoke(app, [cmd, "--model", str(tmp_path), "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--llrd", bad])
+    assert r.exit_code == 2, r.output
+    assert "[0.5, 1.0]" in r.output
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("bad", ["0.3", "2", "nan"])
+def test_pretrain_lr_layer_decay_range(bad, tmp_path):
+    r = runner.invoke(app, ["pretrain", "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--lr-layer-decay", bad])
+    assert r.exit_code == 2
+    assert "[0.5, 1.0]" in r.output
+
+
+def test_llrd_absent_is_flat():
+    assert resolve("sft", {"model": "m", "dataset": "x/y", "output_dir": "o"}).llrd == 1.0
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--llrd"], 0.95),
+    (["--llrd", "--lr", "1e-3"], 0.95),
+    (["--lr", "1e-3", "--llrd"], 0.95),
+    (["--llrd", "0.8"], 0.8),
+    (["--llrd=0.7"], 0.7),
+    (["--llrd", "0.5"], 0.5),
+    (["--llrd", "1.0"], 1.0),
+])
+def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
+    seen = {}
+    import posttrainllm.run as run
+
+    monkeypatch.setattr(run, "train", lambda cfg: seen.setdefault("cfg", cfg))
+    r = runner.invoke(app, ["sft", "--model", "org/model", "--dataset", "org/data", "--output-dir", "o", *argv])
+    assert r.exit_code == 0, r.output
+    assert seen["cfg"].llrd == expected
+
+
+def test_all_problems_reported_at_once():
+    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", "o", "--llrd", "2", "--lr", "-1", "--batch-size", "0", "--max-length", "x"])
+    assert r.exit_code == 2
+    for fragment in ("--llrd", "--lr", "--batch-size", "--max-length", "4 problems"):
+        assert fragment in r.output
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--lr", "inf"], "--lr must be a finite number"),
+    (["--max-steps", "0"], "--max-steps"),
+    (["--max-steps", "-5"], "--max-steps"),
+    (["--batch-size", "-1"], "--batch-size"),
+    (["--max-length", "0"], "--max-length"),
+    (["--epochs", "0"], "--epochs"),
+    (["--grad-accum", "0"], "--grad-accum"),
+    (["--lr-scheduler", "bogus"], "--lr-scheduler"),
+    (["--tied-embeddings", "middle"], "--tied-embeddings"),
+    (["--eval-split", "1.5"], "--eval-split"),
+])
+def test_bad_values_exit_2_with_the_option_named(args, fragment):
+    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", "o", *args])
+    assert r.exit_code == 2, r.output
+    assert fragment in r.output
+
+
+def test_missing_required_options_are_listed():
+    r = runner.invoke(app, ["sft"])
+    assert r.exit_code == 2
+    assert "--model" in r.output and "--dataset" in r.output and "--output-dir" in r.output
+
+
+def test_unknown_option_exits_2():
+    r = runner.invoke(app, ["sft", "--modle", "x"])
+    assert r.exit_code == 2
+
+
+def test_missing_local_dataset_is_a_usage_error(tmp_path):
+    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", str(tmp_path / "nope.jsonl"), "--output-dir", str(tmp_path / "o")])
+    assert r.exit_code == 2
+    assert "nope.jsonl" in r.output and "does not exist" in r.output
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["sft", "--help"], ["dpo", "--help"], ["pretrain", "--help"]])
+def test_help_imports_no_heavy_library(argv):
+    code = (
+        "import sys\n"
+        f"sys.argv = ['posttrainllm', *{argv!r}]\n"
+        "from posttrainllm.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'trl', 'datasets', 'peft') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_validation_imports_no_heavy_library():
+    code = (
+        "import sys\n"
+        "sys.argv = ['posttrainllm', 'sft', '--model', 'a/b', '--dataset', 'c/d', '--output-dir', 'o', '--llrd', '7']\n"
+        "from posttrainllm.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code == 2, e.code\n"
+        "heavy = [m for m in ('torch', 'transformers', 'trl', 'datasets') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_python_dash_m_works():
+    r = subprocess.run([sys.executable, "-m", "posttrainllm", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "sft" in r.stdout
