@@ -8,7 +8,7 @@ import inspect
 import math
 from typing import Any
 
-from posttrainllm.errors import UsageError
+from posttrainllm.errors import DataError, UsageError
 from posttrainllm.llrd import build_param_groups
 
 
@@ -40,11 +40,13 @@ class LLRDMixin:
         return self.optimizer
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        # HF logs only group 0's LR (the embeddings when LLRD is on): add the smallest and largest group LR.
-        if self.optimizer is not None and "loss" in logs:
-            lrs = [g["lr"] for g in self.optimizer.param_groups if g["params"]]
-            if lrs:
-                logs["lr_min"], logs["lr_max"] = min(lrs), max(lrs)
+        # HF logs only group 0's LR (the embeddings when LLRD is on): add the smallest and largest group LR at the
+        # same point of the schedule (every group follows the same schedule, so scale by the initial ratios).
+        if self.optimizer is not None and "learning_rate" in logs:
+            initial = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
+            if initial and initial[0] > 0:
+                logs["lr_min"] = logs["learning_rate"] * min(initial) / initial[0]
+                logs["lr_max"] = logs["learning_rate"] * max(initial) / initial[0]
         super().log(logs, *args, **kwargs)
 
 
@@ -75,10 +77,11 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         eval_steps=eval_steps,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        activation_checkpointing=cfg.gradient_checkpointing,
         report_to=[],
         disable_tqdm=False,
         dataloader_num_workers=0,
+        dataloader_pin_memory=precision != "fp32",
     )
 
 
@@ -111,6 +114,8 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
     else:  # pragma: no cover - programming error
         raise ValueError(kind)
+    if len(trainer.train_dataset) == 0:
+        raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer
 
 

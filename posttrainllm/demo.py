@@ -1,0 +1,70 @@
+"""`posttrainllm demo`: the whole tool, offline, in a few minutes on 2 CPU cores.
+
+1. data the project makes itself: Python standard-library sources of the running interpreter (pre-training
+   text and a held-out set of other modules) and a generated instruction set (posttrainllm.demo_data);
+2. `pretrain` a tiny llama-style model on the stdlib text;
+3. `sft` it on the instructions twice, flat and with `--llrd`, each measuring the held-out code perplexity
+   before and after (`--ood-eval`);
+4. a comparison table: in-domain validation loss and out-of-domain perplexity change.
+Every stage runs through the same code path as the CLI commands (config.resolve → run.*).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrainllm import banner, checkpoints
+from posttrainllm.config import resolve
+from rich.table import Table
+
+DEMO_GAMMA = 0.8
+
+
+def _stage(command: str, values: dict) -> None:
+    from posttrainllm import run
+
+    cfg = resolve(command, values)
+    (run.pretrain if command == "pretrain" else run.train)(cfg)
+
+
+def run_demo(cfg) -> None:
+    from posttrainllm.demo_data import write_demo_files
+
+    out = Path(cfg.output_dir)
+    checkpoints.check_output_dir(str(out), overwrite=cfg.overwrite, resume=False, dry_run=False)
+    if cfg.overwrite and out.is_dir() and (out / "data").is_dir():
+        import shutil
+
+        for sub in ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json"):
+            p = out / sub
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    files = write_demo_files(out / "data")
+    quick = cfg.quick
+    common = {"max_length": "128", "logging_steps": "50", "save_steps": "100000", "seed": "0"}
+    _stage("pretrain", {**common, "dataset": str(files["pretrain"]), "output_dir": str(out / "base"), "model_config": "tiny",
+                        "vocab_size": "2048", "max_steps": "150" if quick else "600", "batch_size": "16", "lr": "2e-3", "warmup_ratio": "0.05", "lr_scheduler": "cosine"})
+    runs = {"flat (γ=1.0)": "1.0", f"LLRD (γ={DEMO_GAMMA})": str(DEMO_GAMMA)}
+    for label, gamma in runs.items():
+        name = "sft-flat" if gamma == "1.0" else f"sft-llrd-{gamma}"
+        _stage("sft", {**common, "model": str(out / "base"), "dataset": str(files["instructions"]), "eval_dataset": str(files["instructions_eval"]),
+                       "output_dir": str(out / name), "ood_eval": [str(files["heldout_code"])], "llrd": gamma, "lr": "1e-3",
+                       "max_steps": "60" if quick else "150", "batch_size": "16"})
+    summary = {}
+    t = Table(title="demo: flat vs layer-wise LR decay (same base, data, steps and LR)", title_justify="left")
+    for col in ("run", "val loss (instructions)", "held-out code PPL before", "after", "change"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for label, gamma in runs.items():
+        name = "sft-flat" if gamma == "1.0" else f"sft-llrd-{gamma}"
+        res = json.loads((out / name / "eval_results.json").read_text())
+        ood = next(iter(res["ood"].values()))
+        val = res["train"].get("eval_loss")
+        summary[label] = {"eval_loss": val, **ood}
+        t.add_row(label, f"{val:.4f}", f"{ood['before']:.2f}", f"{ood['after']:.2f}", f"{ood['change_pct']:+.1f}%")
+    checkpoints.write_json(out / "demo_results.json", summary)
+    banner.console.print(t)
+    banner.console.print(
+        "Layer decay trades a little in-domain progress for less drift in the bottom blocks; at the same base LR it "
+        "usually forgets less. See docs/results.md for the full study, including how it compares with simply "
+        f"lowering the LR. Results: {out / 'demo_results.json'}"
+    )
