@@ -1,0 +1,530 @@
+"""Evaluation: held-out perplexity of plain texts, SFT completion loss, and forgetting reports.
+
+Perplexity definition (used everywhere in this project, so numbers are comparable between runs):
+
+* the whole text is tokenized ONCE, without special tokens (no BOS/EOS);
+* the token ids are cut into consecutive, NON-overlapping windows of ``max_length`` tokens; the last window
+  is whatever is left (it may be shorter); each window is scored on its own, with no context carried over;
+* in a window of ``n`` tokens, tokens ``1..n-1`` are predicted from the tokens before them (``n - 1``
+  predictions); a last window of a single token therefore predicts nothing;
+* ``perplexity = exp(sum of NLL / number of predicted tokens)``, log-probabilities computed in float32.
+
+Because windows do not overlap, the first tokens of every window have little context; the result depends on
+``max_length`` and is higher than a sliding-window (strided) perplexity. Compare numbers only at equal
+``max_length`` and tokenizer.
+
+torch/transformers are imported inside the functions so that importing this module (and the CLI) stays fast.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from posttrainllm.errors import DataError, ModelError, UsageError
+
+# Number of sequence positions whose logits are converted to float32 at a time (bounds memory for big vocabularies).
+_NLL_CHUNK = 1024
+
+# Fallback Alpaca templates (Stanford Alpaca), used only when posttrainllm.data (convert_records) is unavailable.
+# They are the same text as posttrainllm.data.ALPACA_PROMPT / ALPACA_PROMPT_NO_INPUT.
+ALPACA_TEMPLATE = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_TEMPLATE_NO_INPUT = (
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+
+def _fallback_alpaca_prompt(instruction: str, input: str = "") -> str:  # noqa: A002 - Alpaca's field name
+    if input and input.strip():
+        return ALPACA_TEMPLATE.format(instruction=instruction, input=input)
+    return ALPACA_TEMPLATE_NO_INPUT.format(instruction=instruction)
+
+
+def _alpaca_to_prompt_completion(ex: Mapping, where: str) -> tuple[Any, Any]:
+    """Alpaca record -> (prompt, completion), exactly as SFT training builds it when posttrainllm.data exists
+    (its convert_records also handles the optional 'system' and 'history' columns)."""
+    try:
+        from posttrainllm.data import convert_records
+    except ImportError:
+        inp = ex.get("input") or ""
+        if not isinstance(ex["instruction"], str) or not isinstance(inp, str):
+            raise DataError(f"{where}: 'instruction' and 'input' must be strings") from None
+        return _fallback_alpaca_prompt(ex["instruction"], inp), ex["output"]
+    row = convert_records([dict(ex)], "alpaca", where)[0]
+    return row["prompt"], row["completion"]
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def _model_device(model):
+    import torch
+
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _tokenize_text(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens; no "sequence longer than model_max_length" warning."""
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return list(ids)
+
+
+def _check_max_length(max_length: int) -> int:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise UsageError(f"max_length must be an integer >= 2, got {max_length!r}")
+    return max_length
+
+
+def _check_batch_size(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return batch_size
+
+
+def _row_nll_sum(logits_row, labels_row) -> tuple[float, int]:
+    """Sum of NLL (float32) of ``labels_row[t]`` under ``logits_row[t]``; labels == -100 are ignored.
+
+    ``logits_row``: (T, V) in the model's dtype, already aligned with ``labels_row`` (T,).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    total = torch.zeros((), dtype=torch.float32, device=logits_row.device)
+    count = 0
+    for start in range(0, logits_row.shape[0], _NLL_CHUNK):
+        lab = labels_row[start : start + _NLL_CHUNK]
+        keep = lab != -100
+        n = int(keep.sum().item())
+        if n == 0:
+            continue
+        lg = logits_row[start : start + _NLL_CHUNK][keep].float()
+        total = total + F.cross_entropy(lg, lab[keep], reduction="sum")
+        count += n
+    return float(total.item()), count
+
+
+class _EvalMode:
+    """Put the model in eval mode and no-grad/inference mode; restore the training flag afterwards."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        import torch
+
+        self.was_training = bool(getattr(self.model, "training", False))
+        self.model.eval()
+        self._ctx = torch.inference_mode()
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        if self.was_training:
+            self.model.train()
+        return False
+
+
+def _windows(n_tokens: int, max_length: int) -> int:
+    return -(-n_tokens // max_length)
+
+
+def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress) -> dict:
+    """Perplexity of already tokenized text (see module docstring for the definition)."""
+    import torch
+
+    max_length = _check_max_length(max_length)
+    batch_size = _check_batch_size(batch_size)
+    n = len(ids)
+    full = n // max_length
+    rest = n - full * max_length
+    device = _model_device(model)
+
+    nll_sum = 0.0
+    predicted = 0
+    with _EvalMode(model):
+        # Full windows: all of length max_length, batched without padding.
+        for b0 in range(0, full, batch_size):
+            b1 = min(b0 + batch_size, full)
+            batch = torch.tensor(
+                [ids[i * max_length : (i + 1) * max_length] for i in range(b0, b1)], dtype=torch.long, device=device
+            )
+            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
+            for r in range(batch.shape[0]):
+                s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
+                nll_sum += s
+                predicted += c
+            del logits
+            if progress is not None:
+                progress(b1 - b0)
+        # The last, shorter window runs alone (no padding). One token predicts nothing: not run at all.
+        if rest >= 2:
+            batch = torch.tensor([ids[full * max_length :]], dtype=torch.long, device=device)
+            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
+            s, c = _row_nll_sum(logits[0, :-1], batch[0, 1:])
+            nll_sum += s
+            predicted += c
+            del logits
+        if rest and progress is not None:
+            progress(1)
+
+    if predicted == 0:
+        raise DataError(f"text too short to score: {n} token(s), at least 2 are needed")
+    mean = nll_sum / predicted
+    return {
+        "perplexity": math.exp(mean) if mean < 700 else math.inf,
+        "nll": mean,
+        "tokens": n,
+        "predicted_tokens": predicted,
+        "windows": _windows(n, max_length),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+
+def text_perplexity(model, tokenizer, text: str, max_length: int, *, batch_size: int = 8, progress=None) -> dict:
+    """Perplexity of ``text`` in non-overlapping windows of ``max_length`` tokens (see the module docstring).
+
+    Returns ``{"perplexity", "nll" (mean NLL per predicted token), "tokens" (tokens in the text),
+    "predicted_tokens", "windows" (= ceil(tokens / max_length))}``. ``progress``: optional
+    ``callable(advance: int)``, called with the number of windows done (total = ``windows``).
+    Raises ``DataError`` if the text has fewer than 2 tokens, ``UsageError`` for max_length < 2.
+    """
+    if not isinstance(text, str):
+        raise DataError(f"text must be a string, got {type(text).__name__}")
+    _check_max_length(max_length)
+    return _score_ids(model, _tokenize_text(tokenizer, text), max_length, batch_size, progress)
+
+
+def _example_prompt_completion(i: int, ex: Any) -> tuple[str, str]:
+    where = f"SFT example {i + 1}"
+    if not isinstance(ex, Mapping):
+        raise DataError(f"{where}: expected an object, got {type(ex).__name__}")
+    if "prompt" in ex and "completion" in ex:
+        prompt, completion = ex["prompt"], ex["completion"]
+    elif "instruction" in ex and "output" in ex:
+        prompt, completion = _alpaca_to_prompt_completion(ex, where)
+    else:
+        raise DataError(
+            f"{where}: needs 'prompt' and 'completion' (or Alpaca 'instruction'/'input'/'output'), "
+            f"has keys {sorted(map(str, ex))}"
+        )
+    if not isinstance(prompt, str) or not isinstance(completion, str):
+        raise DataError(f"{where}: prompt and completion must be strings (conversational data is not supported)")
+    return prompt, completion
+
+
+def _sft_token_rows(tokenizer, examples: Sequence[Mapping], max_length: int) -> list[tuple[list[int], int]]:
+    """(input_ids, number of prompt tokens) per example, truncated to max_length."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    rows = []
+    for i, ex in enumerate(examples):
+        prompt, completion = _example_prompt_completion(i, ex)
+        prompt_ids = list(tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"])
+        completion_ids = list(tokenizer(completion, add_special_tokens=False, verbose=False)["input_ids"])
+        if eos is not None:
+            completion_ids.append(int(eos))
+        ids = (prompt_ids + completion_ids)[:max_length]
+        rows.append((ids, min(len(prompt_ids), len(ids))))
+    return rows
+
+
+def sft_completion_loss(
+    model, tokenizer, examples: list[dict], max_length: int, *, batch_size: int = 8, progress=None
+) -> dict:
+    """Mean NLL over completion tokens only (prompt tokens masked), like the SFT training loss.
+
+    Each example is tokenized as ``tokenizer(prompt)`` (with the tokenizer's own special tokens, e.g. BOS)
+    + ``tokenizer(completion, add_special_tokens=False)`` + EOS (if the tokenizer has one), then truncated
+    to ``max_length`` tokens (from the right: a completion cut away is simply not scored). Examples are
+    ``{"prompt", "completion"}`` or Alpaca ``{"instruction", "input", "output"}``.
+    Returns ``{"loss", "completion_tokens", "examples"}``. ``progress(advance)`` counts examples.
+    """
+    import torch
+
+    max_length = _check_max_length(max_length)
+    batch_size = _check_batch_size(batch_size)
+    if isinstance(examples, (str, bytes, Mapping)):
+        raise DataError("SFT examples must be a list of objects")
+    if not isinstance(examples, Sequence):
+        examples = list(examples)  # e.g. a datasets.Dataset or a generator
+    rows = _sft_token_rows(tokenizer, examples, max_length)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    pad = 0 if pad is None else int(pad)
+    device = _model_device(model)
+
+    # Sort by length so batches carry little padding (the result does not depend on the order).
+    order = sorted(range(len(rows)), key=lambda k: len(rows[k][0]))
+    nll_sum = 0.0
+    counted = 0
+    with _EvalMode(model):
+        for b0 in range(0, len(order), batch_size):
+            idx = order[b0 : b0 + batch_size]
+            batch_rows = [rows[k] for k in idx if len(rows[k][0]) - rows[k][1] > 0 and len(rows[k][0]) >= 2]
+            if batch_rows:
+                width = max(len(ids) for ids, _ in batch_rows)
+                input_ids = torch.full((len(batch_rows), width), pad, dtype=torch.long)
+                attention = torch.zeros((len(batch_rows), width), dtype=torch.long)
+                labels = torch.full((len(batch_rows), width), -100, dtype=torch.long)
+                for r, (ids, n_prompt) in enumerate(batch_rows):
+                    t = torch.tensor(ids, dtype=torch.long)
+                    input_ids[r, : len(ids)] = t
+                    attention[r, : len(ids)] = 1
+                    labels[r, n_prompt : len(ids)] = t[n_prompt:]
+                input_ids, attention, labels = input_ids.to(device), attention.to(device), labels.to(device)
+                logits = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+                for r in range(len(batch_rows)):
+                    s, c = _row_nll_sum(logits[r, :-1], labels[r, 1:])
+                    nll_sum += s
+                    counted += c
+                del logits
+            if progress is not None:
+                progress(len(idx))
+
+    if counted == 0:
+        raise DataError(
+            f"no completion tokens to score in {len(rows)} SFT example(s) "
+            f"(empty data, or prompts fill max_length={max_length})"
+        )
+    return {"loss": nll_sum / counted, "completion_tokens": counted, "examples": len(rows)}
+
+
+def _names_for_paths(paths: list[str], reserved: set[str]) -> list[str]:
+    """Basenames; duplicates get as many parent directories as needed, identical paths get '#k'."""
+    parts = [os.path.normpath(os.path.abspath(p)).split(os.sep) for p in paths]
+    depth = [1] * len(paths)
+
+    def name(k: int) -> str:
+        return "/".join(parts[k][-depth[k] :])
+
+    while True:
+        names = [name(k) for k in range(len(paths))]
+        clash = [
+            k
+            for k in range(len(paths))
+            if names[k] in reserved or any(names[j] == names[k] and parts[j] != parts[k] for j in range(len(paths)))
+        ]
+        grow = [k for k in clash if depth[k] < len(parts[k])]
+        if not grow:
+            break
+        for k in grow:
+            depth[k] += 1
+    out: list[str] = []
+    for nm in names:
+        cand, j = nm, 2
+        while cand in out or cand in reserved:
+            cand, j = f"{nm}#{j}", j + 1
+        out.append(cand)
+    return out
+
+
+def _read_text(path: str) -> str:
+    if not os.path.exists(path):
+        raise UsageError(f"evaluation file not found: {path}")
+    if os.path.isdir(path):
+        raise UsageError(f"evaluation path is a directory, expected a text file: {path}")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def evaluate_files(
+    model,
+    tokenizer,
+    texts: dict[str, str] | list[str],
+    max_length: int,
+    *,
+    sft_examples=None,
+    progress=True,
+    batch_size: int = 8,
+) -> dict:
+    """Perplexity of several texts, plus (optionally) the SFT completion loss.
+
+    ``texts``: a dict name → text content, or a list of paths to UTF-8 text files (named by basename;
+    duplicate basenames get parent directories, e.g. ``a/val.txt`` and ``b/val.txt``).
+    Returns ``{name: text_perplexity(...) result, ..., "sft": sft_completion_loss(...) result}``.
+    A rich progress bar is shown on stderr when ``progress`` is true and stderr is a terminal; nothing is
+    ever printed to stdout.
+    """
+    max_length = _check_max_length(max_length)
+    batch_size = _check_batch_size(batch_size)
+    reserved = {"sft"} if sft_examples is not None else set()
+    if isinstance(texts, Mapping):
+        named = {str(k): v for k, v in texts.items()}
+        if reserved & set(named):
+            raise UsageError("a text may not be named 'sft' when SFT examples are evaluated too")
+        for k, v in named.items():
+            if not isinstance(v, str):
+                raise DataError(f"text '{k}': expected a string, got {type(v).__name__}")
+    elif isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise UsageError("texts must be a list of file paths or a dict name -> text")
+    else:
+        paths = [os.fspath(p) for p in texts]
+        named = dict(zip(_names_for_paths(paths, reserved), (_read_text(p) for p in paths)))
+
+    # Tokenize first, so the progress bar knows its total.
+    tokenized = {name: _tokenize_text(tokenizer, text) for name, text in named.items()}
+
+    bar = None
+    if progress is True and sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+
+    results: dict[str, dict] = {}
+
+    def run(update_for):
+        for name, ids in tokenized.items():
+            try:
+                step = update_for(name, _windows(len(ids), max_length))
+                results[name] = _score_ids(model, ids, max_length, batch_size, step)
+            except DataError as e:
+                raise DataError(f"{name}: {e}") from None
+        if sft_examples is not None:
+            step = update_for("sft", len(sft_examples) if hasattr(sft_examples, "__len__") else None)
+            results["sft"] = sft_completion_loss(
+                model, tokenizer, sft_examples, max_length, batch_size=batch_size, progress=step
+            )
+
+    if bar is None:
+        run(lambda name, total: None)
+    else:
+        with bar:
+
+            def update_for(name, total):
+                task = bar.add_task(name, total=total)
+                return lambda advance: bar.update(task, advance=advance)
+
+            run(update_for)
+    return results
+
+
+def _ppl_of(entry: Any) -> float | None:
+    if isinstance(entry, Mapping):
+        if entry.get("perplexity") is not None:
+            return float(entry["perplexity"])
+        if entry.get("loss") is not None:  # SFT entry: completion perplexity
+            loss = float(entry["loss"])
+            return math.exp(loss) if loss < 700 else math.inf
+        return None
+    if isinstance(entry, (int, float)) and not isinstance(entry, bool):
+        return float(entry)
+    return None
+
+
+def forgetting_report(before: dict, after: dict) -> dict:
+    """Per name present in both: ``{"before": ppl, "after": ppl, "change_pct": 100 * (after / before - 1)}``.
+
+    Entries may be ``evaluate_files`` results (dicts with "perplexity"; an "sft" entry with only "loss" is
+    compared as exp(loss)) or plain numbers. Names missing on either side are left out. ``change_pct`` is
+    None when it cannot be computed (before is 0 or not finite).
+    """
+    report: dict[str, dict] = {}
+    for name, b_entry in before.items():
+        if name not in after:
+            continue
+        b, a = _ppl_of(b_entry), _ppl_of(after[name])
+        if b is None or a is None:
+            continue
+        change = 100.0 * (a / b - 1.0) if (b != 0 and math.isfinite(b) and math.isfinite(a)) else None
+        report[name] = {"before": b, "after": a, "change_pct": change}
+    return report
+
+
+# ------------------------------------------------------------------------------------------------- loading
+
+
+def _looks_like_local_path(model_path: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything else (./x, /x, ~/x, a/b/c, a\\b) is meant as a path."""
+    return model_path.startswith((".", "/", "~")) or model_path.count("/") > 1 or "\\" in model_path
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, trust_remote_code: bool = False):
+    """Load ``(model, tokenizer)`` for evaluation from a local directory or a hub id.
+
+    ``device``: None → "cuda" if available else "cpu". ``dtype``: None → the checkpoint's dtype ("auto") on
+    cuda, float32 on cpu; a torch dtype or a name ("bfloat16", "float16", "float32", "auto") is accepted.
+    Errors: a missing local path or a directory without config.json → ``UsageError``; a model or tokenizer
+    that cannot be loaded (no weights, unknown architecture, hub id unavailable) → ``ModelError``.
+    """
+    model_path = os.fspath(model_path)
+    expanded = os.path.expanduser(model_path)
+    if os.path.exists(expanded):
+        if not os.path.isdir(expanded):
+            raise UsageError(f"model path is not a directory: {model_path}")
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise UsageError(f"model directory has no config.json (not a saved transformers model): {model_path}")
+        source, is_hub = expanded, False
+    elif _looks_like_local_path(model_path):
+        raise UsageError(f"model path not found: {model_path}")
+    else:
+        source, is_hub = model_path, True
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = "auto" if str(device).startswith("cuda") else torch.float32
+    elif isinstance(dtype, str) and dtype != "auto":
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise UsageError(f"unknown dtype: {dtype!r} (use bfloat16, float16, float32 or auto)")
+        dtype = resolved
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        if is_hub:  # not on the hub, or offline without a cached copy
+            raise UsageError(
+                f"model not found: '{model_path}' is not a local directory, and it could not be loaded from "
+                f"the Hugging Face hub (offline, or no such repository): {_first_line(e)}"
+            ) from None
+        raise ModelError(f"cannot load tokenizer from {model_path}: {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/... here
+        raise ModelError(f"cannot load tokenizer from {model_path}: {_first_line(e)}") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot load model from {model_path}: {_first_line(e)}") from None
+    try:
+        model.to(device)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot move model to {device}: {_first_line(e)}") from None
+    model.eval()
+    return model, tokenizer
