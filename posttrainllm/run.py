@@ -92,10 +92,24 @@ def _prepare_data(cfg, tokenizer):
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     if cfg.values.get("replay_dataset"):
-        replay = data.prepare_text(cfg.replay_dataset, tokenizer, max_length=cfg.max_length, seed=cfg.seed)
-        prepared.train = data.mix_replay(prepared.train, replay.train, cfg.replay_ratio, cfg.seed)
+        if cfg.command == "sft":  # replay rows take the SFT rows' shape, with the loss on the replayed text
+            texts = [r["text"] for r in data.read_records(cfg.replay_dataset) if isinstance(r.get("text"), str)]
+            prepared.train = data.mix_replay(prepared.train, texts, cfg.replay_ratio, cfg.seed)
+        else:  # finetune: replay token blocks of the same length beside the training blocks
+            replay = data.prepare_text(cfg.replay_dataset, tokenizer, max_length=cfg.max_length, seed=cfg.seed)
+            prepared.train = _mix_blocks(prepared.train, replay.train, cfg.replay_ratio, cfg.seed)
         prepared.n_train = len(prepared.train)
     return prepared
+
+
+def _mix_blocks(train, replay, ratio: float, seed: int):
+    """A fraction `ratio` of the mixed rows are replay blocks (drawn with a seeded order, repeated if needed)."""
+    import datasets
+    import numpy as np
+
+    n = max(1, round(ratio * len(train) / (1 - ratio)))
+    idx = np.random.default_rng(seed).permutation(np.resize(np.arange(len(replay)), max(n, len(replay))))[:n]
+    return datasets.concatenate_datasets([train, replay.select(idx.tolist())]).shuffle(seed=seed)
 
 
 def train(cfg) -> None:
@@ -107,7 +121,10 @@ def train(cfg) -> None:
     from posttrainllm import models
     from posttrainllm.llrd import build_param_groups
 
+    from posttrainllm.trainers import check_optim_name
+
     set_seed(cfg.seed)
+    check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
     models.check_model_ref(cfg.model)
     if cfg.command == "dpo" and cfg.ref_model:
@@ -202,8 +219,13 @@ def pretrain(cfg) -> None:
     from posttrainllm import data, models
     from posttrainllm.llrd import build_param_groups
 
+    from posttrainllm.trainers import check_optim_name
+
     set_seed(cfg.seed)
+    check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
+    if cfg.model_config not in models.PRESETS and not Path(cfg.model_config).expanduser().is_file():
+        raise UsageError(f"--model-config {cfg.model_config}: not a preset ({', '.join(models.PRESETS)}) and no such config.json file")
     texts = [r["text"] for r in data.read_records(cfg.dataset) if isinstance(r.get("text"), str)]
     if not texts:
         raise UsageError(f"--dataset {cfg.dataset}: pretrain needs plain text (.txt, or records with a 'text' column)")

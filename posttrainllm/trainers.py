@@ -8,7 +8,7 @@ import inspect
 import math
 from typing import Any
 
-from posttrainllm.errors import DataError, UsageError
+from posttrainllm.errors import DataError, ModelError, UsageError
 from posttrainllm.llrd import build_param_groups
 
 
@@ -35,6 +35,7 @@ class LLRDMixin:
             if plan.gamma < 1.0 or plan.min_scale > 0 or plan.freeze_below > 0:
                 raise UsageError(f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd")
             return super().create_optimizer(model)
+        _check_same_groups_on_every_rank(plan)
         self.optimizer = optimizer_cls(plan.groups, **kwargs)
         self.llrd_plan = plan
         return self.optimizer
@@ -48,6 +49,46 @@ class LLRDMixin:
                 logs["lr_min"] = logs["learning_rate"] * min(initial) / initial[0]
                 logs["lr_max"] = logs["learning_rate"] * max(initial) / initial[0]
         super().log(logs, *args, **kwargs)
+
+
+def _check_same_groups_on_every_rank(plan) -> None:
+    """Under DDP/FSDP every rank must build identical groups (names, LRs, parameter shapes), or ranks diverge."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    import hashlib
+
+    desc = [(g["name"], g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in plan.groups]
+    mine = hashlib.sha256(repr(desc).encode()).hexdigest()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if len(set(every)) != 1:
+        raise ModelError(f"ranks built different LLRD parameter groups ({len(set(every))} distinct layouts); every rank must load the same model and options")
+
+
+def check_distributed_engine(trainer, llrd_active: bool) -> None:
+    """FSDP needs per-parameter groups (use_orig_params / FSDP2); a DeepSpeed config with its own "optimizer"
+    would silently replace our groups, so both are refused when layer decay is on."""
+    if not llrd_active:
+        return
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        plugin = trainer.accelerator.state.deepspeed_plugin
+        ds_config = getattr(plugin, "deepspeed_config", None) or {}
+        if "optimizer" in ds_config:
+            raise UsageError("the DeepSpeed config defines its own \"optimizer\", which replaces the layer-wise LR groups; remove the \"optimizer\" section (posttrainllm builds AdamW with per-block groups) or drop --llrd")
+    if getattr(trainer, "is_fsdp_enabled", False):
+        plugin = trainer.accelerator.state.fsdp_plugin
+        if getattr(plugin, "fsdp_version", 1) == 1 and not getattr(plugin, "use_orig_params", False):
+            raise UsageError("FSDP with use_orig_params=false flattens parameters across blocks, so per-block LRs cannot apply; set fsdp_use_orig_params: true in the accelerate config (or use FSDP2)")
+
+
+def check_optim_name(name: str) -> None:
+    from transformers.training_args import OptimizerNames
+
+    valid = [o.value for o in OptimizerNames]
+    if name not in valid:
+        raise UsageError(f"--optim {name} is not a transformers optimizer; use one of: {', '.join(valid[:12])}, ...")
 
 
 def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
@@ -114,6 +155,7 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
     else:  # pragma: no cover - programming error
         raise ValueError(kind)
+    check_distributed_engine(trainer, llrd_active=llrd_settings.get("gamma", 1.0) < 1.0 or llrd_settings.get("min_scale", 0) > 0 or llrd_settings.get("freeze_below", 0) > 0)
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer
