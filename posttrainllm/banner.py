@@ -11,7 +11,9 @@ console = Console(highlight=False, soft_wrap=True)
 
 
 def fmt_lr(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2g}"
+    from posttrainllm.llrd import format_lr
+
+    return "-" if x is None else format_lr(x)
 
 
 def fmt_count(n: int) -> str:

@@ -111,16 +111,19 @@ def write_json(path: Path, data) -> None:
 
 
 def save_final(trainer_or_model, tokenizer, out: str) -> None:
-    """Save model + tokenizer (safetensors) so that a crash mid-save never leaves a model that looks whole."""
+    """Save model + tokenizer (safetensors) so that a crash mid-save never leaves a model that looks whole.
+
+    Call on every rank (FSDP/DeepSpeed gather weights collectively); only rank 0 writes and moves files."""
     outp = Path(out)
     tmp = outp / ".final-tmp"
-    if tmp.exists():
+    if is_rank0() and tmp.exists():
         shutil.rmtree(tmp)
-    model = getattr(trainer_or_model, "model", trainer_or_model)
-    if hasattr(trainer_or_model, "save_model"):
+    if hasattr(trainer_or_model, "save_model"):  # every rank: FSDP/DeepSpeed gather the weights collectively
         trainer_or_model.save_model(str(tmp))
-    else:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+    elif is_rank0():
+        trainer_or_model.save_pretrained(str(tmp), safe_serialization=True)
+    if not is_rank0():
+        return
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     files = sorted(tmp.iterdir(), key=lambda f: (f.name in ("config.json", "adapter_config.json"), f.name))

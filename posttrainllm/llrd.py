@@ -98,15 +98,16 @@ class LLRDPlan:
 
     def summary_line(self) -> str:
         if not self.structure_found:
-            return f"γ={self.gamma:g} (flat: block list not resolved) → all LR={_fmt(self.base_lr)}"
+            return f"γ={self.gamma:g} (flat: block list not resolved) → all LR={format_lr(self.base_lr)}"
         low = self.base_lr * max(self.gamma ** (self.num_layers - 1), self.min_scale)
-        text = f"γ={self.gamma:g} → block_0 LR={_fmt(low)}, head LR={_fmt(self.base_lr)}"
+        text = f"γ={self.gamma:g} → block_0 LR={format_lr(low)}, head LR={format_lr(self.base_lr)}"
         if self.frozen_param_names:
             text += f", {len(self.frozen_param_names)} tensors frozen (scale < {self.freeze_below:g})"
         return text
 
 
-def _fmt(x: float) -> str:
+def format_lr(x: float) -> str:
+    """2 significant digits, e-notation below 1e-2 (e.g. 2.3e-06, 3e-05, 0.5)."""
     text = f"{x:.2g}"
     if "e" not in text and 0 < abs(x) < 1e-2:
         text = f"{x:.1e}".replace(".0e", "e")

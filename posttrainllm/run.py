@@ -192,9 +192,9 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
     metrics = dict(result.metrics)
     if prepared.eval is not None:
         metrics.update(trainer.evaluate())
+    checkpoints.save_final(trainer, tokenizer, cfg.output_dir)
     if trainer.is_world_process_zero():
         out = Path(cfg.output_dir)
-        checkpoints.save_final(trainer, tokenizer, cfg.output_dir)
         trainer.state.save_to_json(str(out / "trainer_state.json"))
         results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2)}
         if before is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from typing import Any
 
 from posttrainllm.errors import DataError, ModelError, UsageError
@@ -121,9 +122,18 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         activation_checkpointing=cfg.gradient_checkpointing,
         report_to=[],
         disable_tqdm=False,
+        use_cpu=precision == "fp32" and not _cuda_available(),
+        ddp_backend="gloo" if not _cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
         dataloader_pin_memory=precision != "fp32",
     )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _filter_kwargs(config_cls, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -204,3 +204,20 @@ def test_debug_shows_the_traceback(tmp_path):
     r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", str(tmp_path / "d.jsonl"), "--output-dir", str(tmp_path / "o"), "--lr", "0", "--debug"])
     assert r.exit_code != 0
     assert r.exception is not None  # raised, not swallowed
+
+
+@pytest.mark.smoke
+def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
+    """torchrun --nproc_per_node 2 (gloo): exits 0, ranks agree on the groups, only rank 0 prints and writes."""
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", "-m", "posttrainllm", "sft",
+                        "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--llrd", "0.9",
+                        "--max-steps", "2", "--batch-size", "2", "--max-length", "256"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("LR layer-decay: γ=0.9") == 1  # banner on rank 0 only
+    assert r.stdout.count("done:") == 1
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert state["log_history"][-1]["epoch"] == pytest.approx(2 * 2 * 2 / 32)  # 2 ranks × batch 2 × 2 steps of 32 rows
+    assert (out / "model.safetensors").is_file()
