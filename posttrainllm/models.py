@@ -78,6 +78,16 @@ def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "f
     return model
 
 
+def fit_embeddings_to_tokenizer(model, tokenizer) -> None:
+    """Grow the embedding matrix when the tokenizer has more tokens (e.g. an added pad token)."""
+    try:
+        rows = model.get_input_embeddings().weight.shape[0]
+    except (NotImplementedError, AttributeError):
+        return
+    if len(tokenizer) > rows:
+        model.resize_token_embeddings(len(tokenizer))
+
+
 def _short(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else type(e).__name__

@@ -132,8 +132,7 @@ def train(cfg) -> None:
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision)
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer))
+    models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
         ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model") if cfg.ref_model else copy.deepcopy(model)
