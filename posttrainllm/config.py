@@ -121,7 +121,7 @@ OPTIONS: tuple[Opt, ...] = (
     # what to train on
     Opt("model", str, None, "Model to start from: a local directory or a Hugging Face hub id.", TR, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
     Opt("dataset", str, None, "Training data: a local file (.json .jsonl .csv .parquet .txt) or a hub dataset id.", TRP, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
-    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records.", TRP + ("demo",), metavar="DIR", required=True, panel="Inputs"),
+    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records.", TRP, metavar="DIR", required=True, panel="Inputs"),
     Opt("eval_dataset", str, None, "Separate validation data (same shape as --dataset).", TRP, metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("eval_split", float, 0.0, "Fraction of --dataset held out for validation (0 = none).", TRP, fraction_below_one, "FRACTION", panel="Inputs"),
     Opt("max_samples", int, None, "Use at most this many training examples.", TRP, positive_int, "N", panel="Inputs"),
@@ -181,17 +181,21 @@ OPTIONS: tuple[Opt, ...] = (
 )
 OPTION_BY_NAME = {o.name: o for o in OPTIONS}
 
-# eval's model is also required
+# options whose meaning differs for one command
 EVAL_MODEL = Opt("model", str, None, "Model to evaluate: a local directory or hub id.", ("eval",), metavar="PATH_OR_HUB_ID", required=True, panel="Inputs")
 
 COMMAND_DEFAULT_LR = {"sft": 2e-5, "finetune": 2e-5, "dpo": 5e-7, "pretrain": 5e-4}
 COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "finetune": 512, "pretrain": 256, "eval": 512}
 
 
+DEMO_OUTPUT = Opt("output_dir", str, "demo-output", "Directory for the demo's data, models and results.", ("demo",), metavar="DIR", panel="Inputs")
+EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT}
+
+
 def options_for(command: str) -> list[Opt]:
     opts = [o for o in OPTIONS if command in o.commands]
-    if command == "eval":
-        opts.insert(0, EVAL_MODEL)
+    if command in EXTRA_OPTIONS:
+        opts.insert(0, EXTRA_OPTIONS[command])
     return opts
 
 

@@ -1,0 +1,71 @@
+"""`posttrainllm eval --json` prints only JSON, and its perplexity matches an independent computation."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from posttrainllm.cli import app
+
+runner = CliRunner()
+
+
+def reference_ppl(model_dir, text, L):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids), L):
+            w = torch.tensor([ids[start:start + L]])
+            if w.shape[1] < 2:
+                continue
+            logits = model(w).logits[0, :-1].float()
+            nll += torch.nn.functional.cross_entropy(logits, w[0, 1:], reduction="sum").item()
+            count += w.shape[1] - 1
+    return math.exp(nll / count), len(ids)
+
+
+def test_eval_json_matches_independent_perplexity(tiny_model_dir, text_file, alpaca_file, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text("def f(x):\n    return x * 2\n" * 30)
+    r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir), "--text", str(text_file), "--text", str(other), "--max-length", "48", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    for path in (text_file, other):
+        ppl, tokens = reference_ppl(tiny_model_dir, path.read_text(), 48)
+        assert data[path.name]["perplexity"] == pytest.approx(ppl, rel=5e-3)
+        assert data[path.name]["tokens"] == tokens
+    r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir), "--sft-dataset", str(alpaca_file), "--max-length", "256", "--json"])
+    assert r.exit_code == 0, r.output
+    sft = json.loads(r.stdout)["sft"]
+    assert sft["loss"] > 0 and sft["examples"] == 32
+
+
+def test_eval_needs_something_to_evaluate(tiny_model_dir):
+    r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir)])
+    assert r.exit_code == 2 and "--text" in r.output
+
+
+def test_eval_missing_text_file(tiny_model_dir, tmp_path):
+    r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir), "--text", str(tmp_path / "none.txt")])
+    assert r.exit_code == 2 and "none.txt" in r.output
+
+
+@pytest.mark.smoke
+def test_ood_eval_reports_before_and_after(tiny_model_dir, alpaca_file, text_file, tmp_path):
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--max-steps", "2",
+                            "--batch-size", "4", "--max-length", "256", "--lr", "1e-3", "--ood-eval", str(text_file)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "eval_results.json").read_text())["ood"][text_file.name]
+    before, _ = reference_ppl(tiny_model_dir, text_file.read_text(), 256)
+    after, _ = reference_ppl(out, text_file.read_text(), 256)
+    assert res["before"] == pytest.approx(before, rel=5e-3)
+    assert res["after"] == pytest.approx(after, rel=5e-3)
+    assert res["change_pct"] == pytest.approx(100 * (after / before - 1), abs=0.05)
+    assert "out-of-domain perplexity" in r.output
