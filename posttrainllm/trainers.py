@@ -41,6 +41,29 @@ class LLRDMixin:
         self.llrd_plan = plan
         return self.optimizer
 
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Loading an optimizer state dict restores the *saved* group LRs. Resuming is refused when the LR settings
+        # changed unless --allow-config-change, and then the new per-group LRs are put back here, at the resumed
+        # point of the schedule.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        plan = self.llrd_plan
+        if checkpoint is None or plan is None or self.lr_scheduler is None:
+            return
+        groups = self.optimizer.param_groups
+        if len(groups) != len(plan.groups):
+            return
+        new = [g["lr"] for g in plan.groups]
+        if all(g.get("initial_lr") == lr for g, lr in zip(groups, new)):
+            return
+        sched = self.lr_scheduler
+        for i, (g, lr) in enumerate(zip(groups, new)):
+            g["initial_lr"] = lr
+            factor = sched.lr_lambdas[i](sched.last_epoch) if hasattr(sched, "lr_lambdas") else 1.0
+            g["lr"] = lr * factor
+        if hasattr(sched, "base_lrs"):
+            sched.base_lrs = list(new)
+            sched._last_lr = [g["lr"] for g in groups]
+
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         # HF logs only group 0's LR (the embeddings when LLRD is on): add the smallest and largest group LR at the
         # same point of the schedule (every group follows the same schedule, so scale by the initial ratios).

@@ -221,3 +221,18 @@ def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
     assert state["global_step"] == 2
     assert state["log_history"][-1]["epoch"] == pytest.approx(2 * 2 * 2 / 32)  # 2 ranks × batch 2 × 2 steps of 32 rows
     assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.smoke
+def test_allow_config_change_applies_the_new_group_lrs_on_resume(tiny_model_dir, text_file, tmp_path):
+    out = tmp_path / "o"
+    common = ["finetune", "--model", str(tiny_model_dir), "--dataset", str(text_file), "--output-dir", str(out), "--batch-size", "2", "--max-length", "64",
+              "--logging-steps", "1", "--save-steps", "2", "--llrd", "0.5", "--lr-scheduler", "constant"]
+    assert runner.invoke(app, common + ["--max-steps", "2", "--lr", "1e-3"]).exit_code == 0
+    refused = runner.invoke(app, common + ["--max-steps", "4", "--lr", "2e-3", "--resume"])
+    assert refused.exit_code == 2 and "--allow-config-change" in refused.output
+    r = runner.invoke(app, common + ["--max-steps", "4", "--lr", "2e-3", "--resume", "--allow-config-change"])
+    assert r.exit_code == 0, r.output
+    logs = {h["step"]: h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h}
+    assert logs[2]["lr_max"] == pytest.approx(1e-3)
+    assert logs[3]["lr_max"] == pytest.approx(2e-3) and logs[3]["lr_min"] == pytest.approx(2e-3 * 0.5**3)
