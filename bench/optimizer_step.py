@@ -21,7 +21,6 @@ per-tensor step-size list, so this is the same arithmetic). Checked exact agains
 from __future__ import annotations
 
 import gc
-import math
 import sys
 from pathlib import Path
 

@@ -21,7 +21,6 @@ descheduled threads and single steps take 10-100× longer, which buries any diff
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import sys

@@ -7,7 +7,6 @@ Each command: parse (Typer) → resolve + validate the config (config.py, torch-
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import Annotated, Any, Callable, Optional
 
 import typer

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,14 +44,19 @@ def _prepare_output(cfg) -> Path | None:
     return resume_from
 
 
-def _write_plan(cfg, plan, extra: dict | None = None) -> None:
+def _show_plan(cfg, info: dict, plan, notes: list[str], extra: dict) -> bool:
+    """Banner + param_groups.json + run_config.json (rank 0). Returns True for a dry run (nothing to train)."""
     if not is_rank0():
-        return
+        return cfg.dry_run
+    banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "param_groups.json", plan.to_json())
     if not cfg.resume:
-        write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **(extra or {})})
+        write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **extra})
+    if cfg.dry_run:
+        banner.console.print(f"dry run: nothing trained; parameter groups written to {out / 'param_groups.json'}")
+    return cfg.dry_run
 
 
 def _apply_lora(model, cfg):
@@ -119,9 +123,9 @@ def train(cfg) -> None:
     from transformers import set_seed
 
     from posttrainllm import models
+    from posttrainllm.data import describe
     from posttrainllm.llrd import build_param_groups
-
-    from posttrainllm.trainers import check_optim_name
+    from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
@@ -143,9 +147,6 @@ def train(cfg) -> None:
     notes = [n for n in (prepared.template_note,) if n]
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
-    from posttrainllm.data import describe
-    from posttrainllm.trainers import total_steps
-
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
@@ -159,12 +160,7 @@ def train(cfg) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if is_rank0():
-        banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
-    _write_plan(cfg, plan, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval})
-    if cfg.dry_run:
-        if is_rank0():
-            banner.console.print(f"dry run: nothing trained; parameter groups written to {Path(cfg.output_dir) / 'param_groups.json'}")
+    if _show_plan(cfg, info, plan, notes, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval}):
         return
 
     before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
@@ -217,8 +213,7 @@ def pretrain(cfg) -> None:
 
     from posttrainllm import data, models
     from posttrainllm.llrd import build_param_groups
-
-    from posttrainllm.trainers import check_optim_name
+    from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
@@ -237,24 +232,16 @@ def pretrain(cfg) -> None:
     config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
     model = AutoModelForCausalLM.from_config(config)
     plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
-    from posttrainllm.data import describe
-    from posttrainllm.trainers import total_steps
-
     info = {
         "model": f"from scratch: {cfg.model_config} ({config.model_type}, {plan.num_layers} blocks, {banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
         "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens, trained on the corpus",
-        "data": describe(prepared),
+        "data": data.describe(prepared),
         "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, block length {cfg.max_length})",
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if is_rank0():
-        banner.print_banner("pretrain" + (" (dry run)" if cfg.dry_run else ""), info, plan)
-    _write_plan(cfg, plan, {"n_train": prepared.n_train, "n_eval": prepared.n_eval})
-    if cfg.dry_run:
-        if is_rank0():
-            banner.console.print(f"dry run: nothing trained; parameter groups written to {Path(cfg.output_dir) / 'param_groups.json'}")
+    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval}):
         return
     if is_rank0():
         tokenizer.save_pretrained(str(tok_dir))

@@ -26,16 +26,14 @@ class LLRDMixin:
     llrd_plan = None
 
     def create_optimizer(self, model=None):
-        if self.optimizer is not None or self.llrd_settings is None:
+        if self.optimizer is not None or not _llrd_active(self.llrd_settings):
+            # γ = 1 without clamp/freeze: transformers' own two-group AdamW, exactly a flat run
             return super().create_optimizer(model)
         opt_model = self.model if model is None else model
         plan = build_param_groups(opt_model, self.args.learning_rate, **self.llrd_settings)
         optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
-        own_groups = not inspect.isclass(optimizer_cls) or {"params", "model", "optimizer_dict"} & set(kwargs)
-        if own_groups:
-            if plan.gamma < 1.0 or plan.min_scale > 0 or plan.freeze_below > 0:
-                raise UsageError(f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd")
-            return super().create_optimizer(model)
+        if not inspect.isclass(optimizer_cls) or {"params", "model", "optimizer_dict"} & set(kwargs):
+            raise UsageError(f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd")
         _check_same_groups_on_every_rank(plan)
         self.optimizer = optimizer_cls(plan.groups, **kwargs)
         self.llrd_plan = plan
@@ -73,6 +71,10 @@ class LLRDMixin:
                 logs["lr_min"] = logs["learning_rate"] * min(initial) / initial[0]
                 logs["lr_max"] = logs["learning_rate"] * max(initial) / initial[0]
         super().log(logs, *args, **kwargs)
+
+
+def _llrd_active(settings: dict[str, Any] | None) -> bool:
+    return bool(settings) and (settings.get("gamma", 1.0) < 1.0 or settings.get("min_scale", 0) > 0 or settings.get("freeze_below", 0) > 0)
 
 
 def _check_same_groups_on_every_rank(plan) -> None:
@@ -188,7 +190,7 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
     else:  # pragma: no cover - programming error
         raise ValueError(kind)
-    check_distributed_engine(trainer, llrd_active=llrd_settings.get("gamma", 1.0) < 1.0 or llrd_settings.get("min_scale", 0) > 0 or llrd_settings.get("freeze_below", 0) > 0)
+    check_distributed_engine(trainer, llrd_active=_llrd_active(llrd_settings))
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer

@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
