@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 OOD_CHARS = 40_000
+CONCLUSIONS = "<!-- conclusions: written by hand, kept when the tables above are regenerated -->"
 FIXED_LR = 1.2e-3  # the LR of the fixed Shakespeare → Alpaca recipe compared in acceptance (a)/(b)  # held-out texts are cut to this many characters to keep each eval to seconds
 
 
@@ -200,6 +201,9 @@ def main() -> None:
             print(f"[{len(results)}/{len(points) * len(seeds)}] {name}: val {record['val_loss']:.4f}  "
                   + "  ".join(f"{k} {v:+.1f}%" for k, v in change.items()) + f"  ({record['seconds']:.0f} s)", flush=True)
     wall = time.time() - t0
+    summary_path = out / "summary.json"
+    if not todo and summary_path.exists():  # nothing new ran: keep the wall time of the run that produced the numbers
+        wall = json.loads(summary_path.read_text())["meta"].get("wall_time_s", wall)
     summary = summarize(results, points, seeds)
     meta = {"command": "python bench/llrd_study.py" + (" --quick" if quick else ""), "wall_time_s": round(wall), "machine": machine(),
             "pretrain": pre, "sft": sft, "base_eval": base_eval, "ood_chars": OOD_CHARS}
@@ -326,8 +330,20 @@ def write_results_md(path: Path, meta: dict, summary: list[dict], verdict: dict,
     for e in verdict["vs_flat_at_equal_val"]:
         fmt = lambda v: "outside flat's range" if v is None else f"{v:+.1f}"  # noqa: E731
         lines.append(f"| {e['method']} | {e['gamma']} | {e['lr']:g} | {e['val']:.4f} | {e['code']:+.1f} | {fmt(e['flat_code_at_same_val'])} | {e['shakespeare']:+.1f} | {fmt(e['flat_shakespeare_at_same_val'])} |")
+    for key, v in verdict.items():
+        if key.startswith("fixed_recipe_lr_"):
+            lr = key.rsplit("_", 1)[1]
+            lines += ["", f"## The original criteria at the fixed recipe LR ({lr}), flat vs LLRD γ=0.8", "",
+                      "| run | val loss | code Δ% | Shakespeare Δ% |", "|---|---|---|---|",
+                      f"| flat | {v['flat']['val']:.3f} | {v['flat']['code']:+.1f} | {v['flat']['shakespeare']:+.1f} |",
+                      f"| LLRD γ=0.8 | {v['llrd_0.8']['val']:.3f} | {v['llrd_0.8']['code']:+.1f} | {v['llrd_0.8']['shakespeare']:+.1f} |", "",
+                      f"(a) LLRD val loss ≤ flat: **{'met' if v['a_val_llrd_le_flat'] else 'not met'}**. "
+                      f"(b) LLRD OOD regression ≤ 1%: **{'met' if v['b_llrd_ood_le_1pct'] else 'not met'}**."]
     lines += ["", "Raw per-run numbers: `bench/out/study/*/results.json` after a run (not committed).", ""]
-    path.write_text("\n".join(lines))
+    kept = ""
+    if path.exists() and CONCLUSIONS in path.read_text():
+        kept = path.read_text().split(CONCLUSIONS, 1)[1]
+    path.write_text("\n".join(lines) + "\n" + CONCLUSIONS + kept)
 
 
 if __name__ == "__main__":

@@ -107,11 +107,12 @@ class LLRDPlan:
 
 
 def format_lr(x: float) -> str:
-    """2 significant digits, e-notation below 1e-2 (e.g. 2.3e-06, 3e-05, 0.5)."""
-    text = f"{x:.2g}"
-    if "e" not in text and 0 < abs(x) < 1e-2:
-        text = f"{x:.1e}".replace(".0e", "e")
-    return text
+    """3 significant digits, trailing zeros dropped, e-notation below 1e-2 (e.g. 2.32e-06, 3e-05, 0.5): enough that
+    the printed block_0/head ratio matches γ^(N-1) to better than 0.5%."""
+    if x == 0 or abs(x) >= 1e-2:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
 
 
 def _strip(name: str) -> str:

@@ -14,7 +14,7 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # From-scratch presets for `pretrain` (llama-style decoder). `--model-config` also takes a config.json path.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    "small": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2),
+    "small": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2),  # the study's base
     "base": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4),
 }
 
