@@ -44,6 +44,8 @@ def test_recipe_dry_run_with_local_stand_ins(recipe, tiny_model_dir, alpaca_file
     args = [cmd, "--recipe", str(recipe), "--dataset", str(data), "--output-dir", str(tmp_path / "o"), "--dry-run"]
     if cmd != "pretrain":
         args += ["--model", str(tiny_model_dir)]
+    if "replay_dataset" in recipe.read_text():
+        args += ["--replay-dataset", str(text_file)]
     else:
         args += ["--vocab-size", "300", "--max-length", "32"]
     r = runner.invoke(app, args)
