@@ -135,7 +135,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("llrd_min_scale", float, 0.0, "Clamp: no block trains below lr×SCALE.", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
     Opt("llrd_freeze_below", float, 0.0, "Freeze parameters whose LR scale is below SCALE (no optimizer state).", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
     Opt("llrd_blocks", str, None, "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).", TRP, metavar="PATH", panel="Layer-wise LR decay"),
-    Opt("tied_embeddings", str, "embedding", "LR of a tied input/output embedding matrix: 'embedding' (decayed, like block 0) or 'head' (base LR).", TRP, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
+    Opt("tied_embeddings", str, "head", "LR of a tied input/output embedding matrix: 'head' (base LR, the measured default) or 'embedding' (decayed like block 0).", TRP, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
     # optimisation
     Opt("lr", float, None, "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.", TRP, positive, "FLOAT"),
     Opt("weight_decay", float, 0.0, "AdamW weight decay (matrices only; biases and norms get 0).", TRP, non_negative, "FLOAT"),

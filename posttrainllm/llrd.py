@@ -35,7 +35,7 @@ from torch import nn
 from .errors import ModelStructureError, UsageError
 
 TIED_POLICIES = ("embedding", "head")  # what LR a tied input/output embedding matrix gets
-DEFAULT_TIED_POLICY = "embedding"
+DEFAULT_TIED_POLICY = "head"  # measured: bench/tied_policy.py, docs/decision_log.md entry 14
 
 _WRAPPER_PARTS = {"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"}
 # Known block-list paths (after stripping wrappers), most specific first; matched as a dotted suffix.

@@ -56,7 +56,7 @@ def test_dry_run_param_groups_follow_the_formula(family, tokenizer, alpaca_file,
     prefixes = FAMILIES[family][1]
     for g in groups:
         for name in g["params"]:
-            assert g["lr"] == pytest.approx(BASE * expected_scale(name, prefixes, tied, "embedding"), rel=1e-9), (family, name)
+            assert g["lr"] == pytest.approx(BASE * expected_scale(name, prefixes, tied, "head"), rel=1e-9), (family, name)
     assert f"block_0 LR={BASE * GAMMA ** (N - 1):.2g}".replace("0.00064", "6.4e-04") in r.output
 
 

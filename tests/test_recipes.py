@@ -44,10 +44,10 @@ def test_recipe_dry_run_with_local_stand_ins(recipe, tiny_model_dir, alpaca_file
     args = [cmd, "--recipe", str(recipe), "--dataset", str(data), "--output-dir", str(tmp_path / "o"), "--dry-run"]
     if cmd != "pretrain":
         args += ["--model", str(tiny_model_dir)]
-    if "replay_dataset" in recipe.read_text():
-        args += ["--replay-dataset", str(text_file)]
     else:
         args += ["--vocab-size", "300", "--max-length", "32"]
+    if "replay_dataset" in recipe.read_text():
+        args += ["--replay-dataset", str(text_file)]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "o" / "run_config.json").read_text())
