@@ -236,3 +236,31 @@ def test_allow_config_change_applies_the_new_group_lrs_on_resume(tiny_model_dir,
     logs = {h["step"]: h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h}
     assert logs[2]["lr_max"] == pytest.approx(1e-3)
     assert logs[3]["lr_max"] == pytest.approx(2e-3) and logs[3]["lr_min"] == pytest.approx(2e-3 * 0.5**3)
+
+
+def _engine(deepspeed_config=None, fsdp_version=None, use_orig_params=False):
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=deepspeed_config or {}),
+                            fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version, use_orig_params=use_orig_params))
+    return SimpleNamespace(is_deepspeed_enabled=deepspeed_config is not None, is_fsdp_enabled=fsdp_version is not None,
+                           accelerator=SimpleNamespace(state=state))
+
+
+@pytest.mark.parametrize("trainer,llrd,refused", [
+    (_engine(deepspeed_config={"optimizer": {"type": "AdamW"}}), True, "DeepSpeed"),
+    (_engine(deepspeed_config={"optimizer": {"type": "AdamW"}}), False, None),
+    (_engine(deepspeed_config={"zero_optimization": {"stage": 2}}), True, None),
+    (_engine(fsdp_version=1, use_orig_params=False), True, "use_orig_params"),
+    (_engine(fsdp_version=1, use_orig_params=True), True, None),
+    (_engine(fsdp_version=2), True, None),
+])
+def test_distributed_engines_that_would_drop_the_groups_are_refused(trainer, llrd, refused):
+    from posttrainllm.errors import UsageError
+    from posttrainllm.trainers import check_distributed_engine
+
+    if refused:
+        with pytest.raises(UsageError, match=refused):
+            check_distributed_engine(trainer, llrd_active=llrd)
+    else:
+        check_distributed_engine(trainer, llrd_active=llrd)
