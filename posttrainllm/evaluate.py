@@ -29,36 +29,11 @@ from posttrainllm.errors import DataError, ModelError, UsageError
 # Number of sequence positions whose logits are converted to float32 at a time (bounds memory for big vocabularies).
 _NLL_CHUNK = 1024
 
-# Fallback Alpaca templates (Stanford Alpaca), used only when posttrainllm.data (convert_records) is unavailable.
-# They are the same text as posttrainllm.data.ALPACA_PROMPT / ALPACA_PROMPT_NO_INPUT.
-ALPACA_TEMPLATE = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-)
-ALPACA_TEMPLATE_NO_INPUT = (
-    "Below is an instruction that describes a task. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Response:\n"
-)
-
-
-def _fallback_alpaca_prompt(instruction: str, input: str = "") -> str:  # noqa: A002 - Alpaca's field name
-    if input and input.strip():
-        return ALPACA_TEMPLATE.format(instruction=instruction, input=input)
-    return ALPACA_TEMPLATE_NO_INPUT.format(instruction=instruction)
-
-
 def _alpaca_to_prompt_completion(ex: Mapping, where: str) -> tuple[Any, Any]:
-    """Alpaca record -> (prompt, completion), exactly as SFT training builds it when posttrainllm.data exists
-    (its convert_records also handles the optional 'system' and 'history' columns)."""
-    try:
-        from posttrainllm.data import convert_records
-    except ImportError:
-        inp = ex.get("input") or ""
-        if not isinstance(ex["instruction"], str) or not isinstance(inp, str):
-            raise DataError(f"{where}: 'instruction' and 'input' must be strings") from None
-        return _fallback_alpaca_prompt(ex["instruction"], inp), ex["output"]
+    """Alpaca record -> (prompt, completion), exactly as SFT training builds it (posttrainllm.data.convert_records,
+    which also handles the optional 'system' and 'history' columns)."""
+    from posttrainllm.data import convert_records
+
     row = convert_records([dict(ex)], "alpaca", where)[0]
     return row["prompt"], row["completion"]
 

@@ -286,20 +286,17 @@ def test_sft_counts_only_completion_tokens(model, tokenizer):
     assert got2["loss"] != pytest.approx(got["loss"], rel=1e-6)
 
 
-def test_sft_alpaca_format(model, tokenizer, monkeypatch):
+def test_sft_alpaca_format(model, tokenizer):
+    from posttrainllm.data import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT
+
     alpaca = [
         {"instruction": "Name an animal.", "input": "", "output": " A cat."},
         {"instruction": "Summarize.", "input": "The dog sat on the log.", "output": " Dog on log."},
     ]
-    as_pc = [{"prompt": ev._fallback_alpaca_prompt(a["instruction"], a["input"]), "completion": a["output"]} for a in alpaca]
+    as_pc = [{"prompt": ALPACA_PROMPT_NO_INPUT.format(instruction=alpaca[0]["instruction"]), "completion": alpaca[0]["output"]},
+             {"prompt": ALPACA_PROMPT.format(instruction=alpaca[1]["instruction"], input=alpaca[1]["input"]), "completion": alpaca[1]["output"]}]
     want = ev.sft_completion_loss(model, tokenizer, as_pc, 256, batch_size=2)
-    # With posttrainllm.data (if present) and with the local fallback template: same prompts.
     assert ev.sft_completion_loss(model, tokenizer, alpaca, 256, batch_size=2) == pytest.approx(want)
-    monkeypatch.setitem(sys.modules, "posttrainllm.data", None)  # import now raises ImportError
-    assert ev.sft_completion_loss(model, tokenizer, alpaca, 256, batch_size=2) == pytest.approx(want)
-    assert "### Instruction:\nName an animal." in ev._fallback_alpaca_prompt("Name an animal.")
-    assert "### Input:" not in ev._fallback_alpaca_prompt("x", "")
-    assert "### Input:\nabc\n\n### Response:\n" in ev._fallback_alpaca_prompt("x", "abc")
 
 
 def test_sft_errors(model, tokenizer):
