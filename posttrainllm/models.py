@@ -78,6 +78,22 @@ def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "f
     return model
 
 
+def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
+    """The longest sequence the model's config allows (learned position embeddings fail past it), if it says."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - the model load that follows reports the real problem
+        return None
+    config = getattr(config, "text_config", None) or config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def fit_embeddings_to_tokenizer(model, tokenizer) -> None:
     """Grow the embedding matrix when the tokenizer has more tokens (e.g. an added pad token)."""
     try:

@@ -116,6 +116,15 @@ def _mix_blocks(train, replay, ratio: float, seed: int):
     return datasets.concatenate_datasets([train, replay.select(idx.tolist())]).shuffle(seed=seed)
 
 
+def _clamp_max_length(cfg, limit: int | None) -> list[str]:
+    """--max-length above the model's positions would crash models with learned position embeddings: clamp it."""
+    if limit is None or cfg.max_length <= limit:
+        return []
+    note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
+    cfg.values["max_length"] = limit
+    return [note]
+
+
 def train(cfg) -> None:
     """sft / dpo / finetune."""
     resume_from = _prepare_output(cfg)
@@ -134,6 +143,7 @@ def train(cfg) -> None:
     if cfg.command == "dpo" and cfg.ref_model:
         models.check_model_ref(cfg.ref_model, "--ref-model")
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
+    notes = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision)
     models.fit_embeddings_to_tokenizer(model, tokenizer)
@@ -144,7 +154,7 @@ def train(cfg) -> None:
         model = _apply_lora(model, cfg)
 
     plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
-    notes = [n for n in (prepared.template_note,) if n]
+    notes += [n for n in (prepared.template_note,) if n]
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
     n_total = sum(p.numel() for p in model.parameters())
@@ -253,6 +263,10 @@ def evaluate(cfg) -> None:
     from posttrainllm import evaluate as ev
 
     model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    from posttrainllm.models import max_positions
+
+    for note in _clamp_max_length(cfg, max_positions(cfg.model, cfg.trust_remote_code)):
+        print(f"note: {note}", file=sys.stderr)
     sft_examples = None
     if cfg.sft_dataset:
         from posttrainllm import data

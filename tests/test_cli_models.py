@@ -143,3 +143,16 @@ def test_remote_code_is_refused_without_the_flag(tokenizer, alpaca_file, tmp_pat
     r = dry_run(d, alpaca_file, tmp_path / "o")
     assert r.exit_code in (1, 2), r.output
     assert "--trust-remote-code" in r.output
+
+
+@pytest.mark.smoke
+def test_max_length_beyond_learned_positions_is_clamped(tokenizer, alpaca_file, tmp_path):
+    """gpt2 has learned position embeddings (here 64): the default --max-length 512 would crash; it is clamped."""
+    save_family("gpt2", tokenizer, tmp_path / "m")
+    data = tmp_path / "pc.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"add {i} and 1", "completion": f" {i + 1}"}) + "\n" for i in range(8)))
+    r = runner.invoke(app, ["sft", "--model", str(tmp_path / "m"), "--dataset", str(data), "--output-dir", str(tmp_path / "o"),
+                            "--max-steps", "1", "--batch-size", "2", "--llrd", "0.8"])
+    assert r.exit_code == 0, r.output
+    assert "64 positions" in r.output
+    assert "IndexError" not in r.output and "index out of range" not in r.output
