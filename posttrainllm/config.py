@@ -121,7 +121,7 @@ OPTIONS: tuple[Opt, ...] = (
     # what to train on
     Opt("model", str, None, "Model to start from: a local directory or a Hugging Face hub id.", TR, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
     Opt("dataset", str, None, "Training data: a local file (.json .jsonl .csv .parquet .txt) or a hub dataset id.", TRP, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
-    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records.", TRP, metavar="DIR", required=True, panel="Inputs"),
+    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records (default: runs/COMMAND-NAME, NAME from --model, or --dataset for pretrain).", TRP, metavar="DIR", panel="Inputs"),
     Opt("eval_dataset", str, None, "Separate validation data (same shape as --dataset).", TRP, metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("eval_split", float, 0.0, "Fraction of --dataset held out for validation (0 = none).", TRP, fraction_below_one, "FRACTION", panel="Inputs"),
     Opt("max_samples", int, None, "Use at most this many training examples.", TRP, positive_int, "N", panel="Inputs"),
@@ -348,12 +348,22 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
 
     if command in COMMAND_DEFAULT_LR and values.get("lr") is None:
         values["lr"] = COMMAND_DEFAULT_LR[command]
+    if command in TRP and not values.get("output_dir") and values.get("model" if command != "pretrain" else "dataset"):
+        values["output_dir"] = default_output_dir(command, values["model" if command != "pretrain" else "dataset"])
     if "max_length" in values and values.get("max_length") is None:
         values["max_length"] = COMMAND_DEFAULT_MAX_LENGTH[command]
     problems += _cross_checks(command, values)
     if problems:
         raise ConfigErrors(problems)
     return RunConfig(command, values, sources)
+
+
+def default_output_dir(command: str, source: str) -> str:
+    """runs/sft-Qwen2.5-0.5B for `sft --model Qwen/Qwen2.5-0.5B`; runs/pretrain-corpus for `pretrain --dataset corpus.txt`."""
+    name = Path(source.rstrip("/\\")).name or "model"
+    if command == "pretrain":
+        name = Path(name).stem
+    return str(Path("runs") / f"{command}-{name}")
 
 
 def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:

@@ -90,7 +90,20 @@ def test_bad_values_exit_2_with_the_option_named(args, fragment):
 def test_missing_required_options_are_listed():
     r = runner.invoke(app, ["sft"])
     assert r.exit_code == 2
-    assert "--model" in r.output and "--dataset" in r.output and "--output-dir" in r.output
+    assert "--model" in r.output and "--dataset" in r.output
+
+
+@pytest.mark.parametrize("command,values,expected", [
+    ("sft", {"model": "Qwen/Qwen2.5-0.5B", "dataset": "org/d"}, "runs/sft-Qwen2.5-0.5B"),
+    ("dpo", {"model": "models/tiny/", "dataset": "org/d"}, "runs/dpo-tiny"),
+    ("pretrain", {"dataset": "models/corpus.txt"}, "runs/pretrain-corpus"),
+    ("sft", {"model": "org/m", "dataset": "org/d", "output_dir": "mine"}, "mine"),
+])
+def test_output_dir_defaults_to_runs_command_name(command, values, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "models" / "corpus.txt").write_text("text")
+    assert resolve(command, values).output_dir == expected
 
 
 def test_unknown_option_exits_2():
