@@ -22,27 +22,6 @@ LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
 LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"
 
-OPTIM_WITH_GROUPS = (
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adamw_torch_xla",
-    "adamw_torch_npu_fused",
-    "adamw_apex_fused",
-    "adafactor",
-    "adamw_anyprecision",
-    "adamw_8bit",
-    "adamw_bnb_8bit",
-    "paged_adamw_8bit",
-    "paged_adamw_32bit",
-    "adamw_hf",
-    "sgd",
-    "adagrad",
-    "rmsprop",
-    "lion_8bit",
-    "lion_32bit",
-    "paged_lion_8bit",
-    "paged_lion_32bit",
-)
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 TIED_POLICIES = ("embedding", "head")  # mirrors posttrainllm.llrd.TIED_POLICIES (kept here to stay torch-free)

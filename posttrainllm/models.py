@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +109,21 @@ def _short(e: Exception) -> str:
 
 
 # -------------------------------------------------------------------------------------------------------- pretrain
+def check_model_config(spec: str) -> None:
+    """--model-config must be a preset name or an existing config.json (checked before the tokenizer is trained)."""
+    if spec not in PRESETS and not Path(spec).expanduser().is_file():
+        raise UsageError(f"--model-config {spec}: not a preset ({', '.join(PRESETS)}) and no such config.json file")
+
+
 def scratch_config(spec: str, vocab_size: int, max_length: int, tokenizer):
     """A from-scratch config: a preset name (llama-style) or a path to a config.json of any causal-LM architecture."""
     from transformers import AutoConfig, LlamaConfig
 
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    check_model_config(spec)
     if spec in PRESETS:
         return LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max(max_length, 256), tie_word_embeddings=False, **PRESETS[spec], **special)
     p = Path(spec).expanduser()
-    if not p.is_file():
-        raise UsageError(f"--model-config {spec}: not a preset ({', '.join(PRESETS)}) and no such config.json file")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
         model_type = data.pop("model_type")
@@ -150,7 +154,3 @@ def train_bpe_tokenizer(texts, vocab_size: int):
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
         model_max_length=1_000_000,
     )
-
-
-def dir_is_nonempty(path: str) -> bool:
-    return os.path.isdir(path) and any(os.scandir(path))

@@ -228,8 +228,7 @@ def pretrain(cfg) -> None:
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
-    if cfg.model_config not in models.PRESETS and not Path(cfg.model_config).expanduser().is_file():
-        raise UsageError(f"--model-config {cfg.model_config}: not a preset ({', '.join(models.PRESETS)}) and no such config.json file")
+    models.check_model_config(cfg.model_config)
     texts = [r["text"] for r in data.read_records(cfg.dataset) if isinstance(r.get("text"), str)]
     if not texts:
         raise UsageError(f"--dataset {cfg.dataset}: pretrain needs plain text (.txt, or records with a 'text' column)")
