@@ -1,24 +1,30 @@
-"""Nothing lost on a crash: output-dir safety, complete-checkpoint markers, SIGTERM/SIGINT → checkpoint, atomic final save.
+"""Nothing lost on a crash: complete-checkpoint markers, SIGTERM/SIGINT → checkpoint, atomic final save.
 
-- A checkpoint counts as complete only once `checkpoint-N/COMPLETE` exists. The marker is written by a callback
-  after transformers has finished writing every file of the checkpoint, so a crash mid-save leaves a checkpoint
-  without the marker, which `--resume` skips.
+- A checkpoint counts as complete only once `checkpoint-N/COMPLETE` exists and what it lists is there: the marker
+  is written by a callback after transformers has finished writing every file of the checkpoint (after a barrier
+  under torchrun), and records each file's name and size. `--resume` verifies them and skips a checkpoint that
+  fails (a half-written one, or one whose optimizer state or weights were removed since), saying why.
 - SIGTERM/SIGINT during training: the current step finishes, a checkpoint is saved, the run exits with
-  143 (SIGTERM) or 130 (SIGINT) after printing the resume command. A second signal aborts at once.
-- The final model is written to `OUT/.final-tmp/`, then moved into `OUT/` with `config.json` last and
-  `training_complete.json` after it: a crash mid-save never leaves a directory that loads as a model.
+  143 (SIGTERM) or 130 (SIGINT) after printing the resume command. A second signal stops at once with the same
+  exit code (the checkpoint it cut short has no marker).
+- The final model is written to `OUT/.posttrainllm/final-tmp/`, its names recorded as posttrainllm's own
+  (posttrainllm/outdir.py), then moved into `OUT/` with `config.json` last and `training_complete.json` (which
+  lists the files and sizes) after it: a crash mid-save never leaves a directory that loads as a model. Weights
+  holding NaN/inf are never saved, neither as a checkpoint nor as the final model.
+- Output-directory ownership, locking and `--overwrite` live in posttrainllm/outdir.py.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import signal
 from pathlib import Path
 
-from posttrainllm.errors import UsageError
+from posttrainllm.errors import TrainingError, UsageError
 
 MARKER = "COMPLETE"
 FINAL_MARKER = "training_complete.json"
@@ -29,93 +35,163 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # keys that change what a resumed optimizer would do; resuming with other values is refused by default
 RESUME_KEYS = ("model", "lr", "llrd", "lr_layer_decay", "llrd_min_scale", "llrd_freeze_below", "llrd_blocks", "tied_embeddings", "weight_decay", "optim", "lr_scheduler", "warmup_ratio", "lora_r", "lora_alpha", "lora_targets", "batch_size", "grad_accum", "max_steps", "epochs", "seed", "model_config")
 
-# files a run writes that are not a trained model (a dry run may overwrite these)
-PLAN_FILES = {"param_groups.json", RUN_CONFIG}
-
 
 def is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def check_output_dir(out: str, *, overwrite: bool, resume: bool, dry_run: bool) -> None:
-    """Refuse a non-empty output dir unless --overwrite or --resume (a dry run may reuse a dir holding only a plan)."""
-    p = Path(out).expanduser()
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"--output-dir {out} is a file")
-    entries = {e.name for e in p.iterdir()} if p.is_dir() else set()
-    if resume:
-        if not entries:
-            raise UsageError(f"--resume: {out} has no checkpoints to resume from")
-        return
-    if not entries or overwrite:
-        return
-    if dry_run and entries <= PLAN_FILES:
-        return
-    raise UsageError(f"--output-dir {out} is not empty; pass --overwrite to replace it or --resume to continue its run")
+def file_sizes(d: Path) -> dict[str, int]:
+    """Every file under `d` (relative POSIX path -> size), the COMPLETE marker excepted."""
+    return {f.relative_to(d).as_posix(): f.stat().st_size for f in sorted(d.rglob("*")) if f.is_file() and f.name != MARKER}
 
 
-def clear_output_dir(out: str) -> None:
-    """--overwrite: remove what a previous posttrainllm run left, so nothing stale is mistaken for this run's output.
-
-    Only a directory that a run of this tool wrote (it holds run_config.json or checkpoints) is emptied; any other
-    non-empty directory is written into as it is, never wiped.
-    """
-    p = Path(out)
-    if not p.is_dir() or not ((p / RUN_CONFIG).exists() or any(p.glob("checkpoint-*"))):
-        return
-    for e in p.iterdir():
-        if e.is_dir() and not e.is_symlink():
-            shutil.rmtree(e)
-        else:
-            e.unlink()
+def _listed_files_problem(d: Path, files, what: str) -> str | None:
+    if not isinstance(files, dict) or not files:
+        return f"its {what} does not list the files it holds (written by an older version?)"
+    for name, size in files.items():
+        f = d / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, its {what} says {size}"
+    return None
 
 
-def complete_checkpoints(out: str) -> tuple[list[Path], list[Path]]:
-    """(complete, incomplete) checkpoint dirs, oldest first."""
-    p = Path(out)
-    found = sorted(((int(m.group(1)), d) for d in p.glob("checkpoint-*") if d.is_dir() and (m := _CKPT.match(d.name))), key=lambda t: t[0]) if p.is_dir() else []
-    done = [d for _, d in found if (d / MARKER).is_file()]
-    partial = [d for _, d in found if not (d / MARKER).is_file()]
-    return done, partial
-
-
-def resume_checkpoint(out: str) -> tuple[Path, list[Path]]:
-    done, partial = complete_checkpoints(out)
-    if not done:
-        extra = f" ({len(partial)} incomplete checkpoint(s) skipped: {', '.join(d.name for d in partial)})" if partial else ""
-        raise UsageError(f"--resume: no complete checkpoint in {out}{extra}")
-    newest = done[-1]
-    skipped = [d for d in partial if int(d.name.split("-")[1]) > int(newest.name.split("-")[1])]
-    return newest, skipped
-
-
-def check_resume_config(out: str, current: dict, allow_change: bool) -> None:
-    """Refuse to resume with a different LR / γ / grouping (PyTorch would silently keep the old group LRs)."""
-    path = Path(out) / RUN_CONFIG
-    if not path.is_file():
-        return
+def verify_checkpoint(d: Path) -> str | None:
+    """None when checkpoint `d` is complete: its COMPLETE marker exists and every file it lists has the listed size."""
+    marker = d / MARKER
+    if not marker.is_file():
+        return "no COMPLETE marker: its save was cut short"
     try:
-        saved = json.loads(path.read_text())
+        files = json.loads(marker.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        files = None
+    return _listed_files_problem(d, files, "COMPLETE marker")
+
+
+def finished_run(out: Path) -> dict | None:
+    """The training_complete.json of a finished run whose final files are all there (None otherwise)."""
+    try:
+        done = json.loads((Path(out) / FINAL_MARKER).read_text())
     except (OSError, ValueError):
-        return
-    diffs = [f"{k}: {saved.get(k)!r} → {current.get(k)!r}" for k in RESUME_KEYS if k in saved and k in current and saved.get(k) != current.get(k)]
+        return None
+    if not isinstance(done, dict):
+        return None
+    if "files" in done and _listed_files_problem(Path(out), done["files"], FINAL_MARKER):
+        return None
+    return done
+
+
+def checkpoint_dirs(out) -> list[Path]:
+    """checkpoint-N directories of `out`, oldest first."""
+    p = Path(out)
+    if not p.is_dir():
+        return []
+    found = [(int(m.group(1)), d) for d in p.iterdir() if (m := _CKPT.match(d.name)) and d.is_dir() and not d.is_symlink()]
+    return [d for _, d in sorted(found)]
+
+
+def checkpoint_step(d: Path) -> int:
+    return int(_CKPT.match(d.name).group(1))
+
+
+def resume_checkpoint(out) -> tuple[Path, list[tuple[Path, str]]]:
+    """(newest complete checkpoint, [(newer checkpoint skipped, why)]); UsageError when none is complete."""
+    skipped = []
+    for d in reversed(checkpoint_dirs(out)):
+        problem = verify_checkpoint(d)
+        if problem is None:
+            return d, skipped
+        skipped.append((d, problem))
+    extra = f" ({len(skipped)} incomplete checkpoint(s) skipped: {describe_skipped(skipped)})" if skipped else ""
+    raise UsageError(f"--resume: no complete checkpoint in {out}{extra}")
+
+
+def describe_skipped(skipped: list[tuple[Path, str]]) -> str:
+    return "; ".join(f"{d.name} ({why})" for d, why in skipped)
+
+
+def _saved_config(out) -> dict | None:
+    try:
+        saved = json.loads((Path(out) / RUN_CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def config_diffs(out, current: dict) -> list[str]:
+    """The settings that change what a resumed optimizer would do, as 'key: old → new'."""
+    saved = _saved_config(out) or {}
+    return [f"{k}: {saved.get(k)!r} → {current.get(k)!r}" for k in RESUME_KEYS if k in saved and k in current and saved.get(k) != current.get(k)]
+
+
+def check_resume_config(out, current: dict, allow_change: bool) -> None:
+    """Refuse to resume with a different LR / γ / grouping (PyTorch would silently keep the old group LRs)."""
+    diffs = config_diffs(out, current)
     if diffs and not allow_change:
         raise UsageError(f"--resume with a different configuration than the checkpoint's run ({'; '.join(diffs)}); the resumed optimizer would keep its old per-group LRs. Resume with the original values, or pass --allow-config-change to apply the new ones")
 
 
+def write_run_config(out, current: dict, *, resume: bool) -> None:
+    """run_config.json: the resolved configuration. A resume that changed settings (--allow-config-change) records
+    the new ones and keeps the replaced ones, oldest first, under "history"."""
+    path = Path(out) / RUN_CONFIG
+    saved = _saved_config(out) if resume else None
+    if saved is None:
+        write_json(path, current)
+        return
+    old = {k: v for k, v in saved.items() if k != "history"}
+    if not config_diffs(out, current):
+        return
+    write_json(path, {**current, "history": list(saved.get("history") or []) + [old]})
+
+
+def _json_safe(obj):
+    """NaN/inf are not JSON: they become null (the records keep the numbers that exist)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, data) -> None:
-    """Write JSON atomically (temp file + rename)."""
+    """Write JSON atomically (temp file + rename); non-finite numbers are written as null."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(_json_safe(data), indent=2, default=str, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 
-def save_final(trainer_or_model, tokenizer, out: str) -> None:
+def nonfinite_parameters(model, limit: int = 3) -> list[str]:
+    """Names of (at most `limit`) parameters holding NaN/inf; one device sync per device when all are finite."""
+    import torch
+
+    named = [(n, p.to_local() if hasattr(p, "to_local") else p) for n, p in model.named_parameters()]
+    named = [(n, p.detach()) for n, p in named if p.numel() and p.dtype.is_floating_point]
+    by_device: dict = {}
+    with torch.no_grad():
+        for n, p in named:
+            by_device.setdefault(p.device, []).append(~torch.isfinite(p).all())
+        if not any(bool(torch.stack(flags).any()) for flags in by_device.values()):
+            return []
+        return [n for n, p in named if not bool(torch.isfinite(p).all())][:limit]
+
+
+def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
     """Save model + tokenizer (safetensors) so that a crash mid-save never leaves a model that looks whole.
+    Returns {file name: size} of what was moved in (rank 0; None elsewhere). Refuses weights holding NaN/inf.
 
     Call on every rank (FSDP/DeepSpeed gather weights collectively); only rank 0 writes and moves files."""
+    from posttrainllm import outdir
+
+    model = getattr(trainer_or_model, "model", trainer_or_model)
+    bad = nonfinite_parameters(model)
+    if bad:
+        raise TrainingError(f"the trained weights hold NaN/inf values ({', '.join(bad)}, ...): no final model was written. Training diverged; try a lower --lr, a warmup (--warmup-ratio) or --precision fp32")
     outp = Path(out)
-    tmp = outp / ".final-tmp"
+    tmp = outp / outdir.HIDDEN / "final-tmp"
     if is_rank0() and tmp.exists():
         shutil.rmtree(tmp)
     if hasattr(trainer_or_model, "save_model"):  # every rank: FSDP/DeepSpeed gather the weights collectively
@@ -123,14 +199,20 @@ def save_final(trainer_or_model, tokenizer, out: str) -> None:
     elif is_rank0():
         trainer_or_model.save_pretrained(str(tmp), safe_serialization=True)
     if not is_rank0():
-        return
+        return None
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     files = sorted(tmp.iterdir(), key=lambda f: (f.name in ("config.json", "adapter_config.json"), f.name))
+    sizes = {f.name: f.stat().st_size for f in files if f.is_file()}
+    outdir.own(outp, [f.name for f in files])  # recorded as ours before they land in the user's directory
     (outp / FINAL_MARKER).unlink(missing_ok=True)
     for f in files:  # weights first, config last
-        os.replace(f, outp / f.name)
+        target = outp / f.name
+        if f.is_dir() and target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(f, target)
     tmp.rmdir()
+    return sizes
 
 
 class InterruptGuard:
@@ -141,9 +223,14 @@ class InterruptGuard:
         self._old = {}
 
     def _handle(self, signum, frame):
-        if self.signum is not None:
+        if self.signum is not None:  # a second signal: stop now (the checkpoint being written gets no marker)
             signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-            raise KeyboardInterrupt
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            import sys
+
+            sys.stderr.write("error: stopped by a second SIGTERM; a checkpoint cut short has no COMPLETE marker and --resume skips it\n")
+            raise SystemExit(EXIT_SIGTERM)
         self.signum = signum
 
     def __enter__(self):
@@ -176,10 +263,18 @@ def make_callback(guard: InterruptGuard):
             return control
 
         def on_save(self, args, state, control, **kwargs):
+            _barrier()  # every rank has written its files (rng_state_<rank>.pth, shards) before they are listed
             if state.is_world_process_zero:
                 ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 if ckpt.is_dir():
-                    write_json(ckpt / MARKER, {"step": state.global_step})
+                    write_json(ckpt / MARKER, {"step": state.global_step, "files": file_sizes(ckpt)})
             return control
 
     return SafetyCallback()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

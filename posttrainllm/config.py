@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import os
+import reprlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +55,10 @@ def llrd_range(v):
     if not math.isfinite(v) or not (LLRD_MIN <= v <= LLRD_MAX):
         return f"must be a number in {LLRD_RANGE} (1.0 = no decay; bare --llrd = {LLRD_BARE})"
     return None
+
+
+def seed_range(v):
+    return None if 0 <= v < 2**32 else "must be an integer in [0, 2**32 - 1]"
 
 
 def positive_int(v):
@@ -126,7 +132,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("batch_size", int, 8, "Per-device batch size.", TRP, positive_int, "N"),
     Opt("grad_accum", int, 1, "Gradient accumulation steps.", TRP, positive_int, "N"),
     Opt("max_length", int, None, "Maximum sequence length in tokens (default 512; pretrain 256).", TRP + ("eval",), positive_int, "N"),
-    Opt("seed", int, 42, "Random seed.", TRP, None, "N"),
+    Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRP, seed_range, "N"),
     Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
     Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRP, one_of(PRECISIONS), "NAME"),
     Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRP),
@@ -243,33 +249,136 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
         pass
     kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string"}[t]
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
-    return None, f"{where}: expected {kind}{extra}, got {raw!r}"
+    return None, f"{where}: expected {kind}{extra}, got {quote(raw)}"
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlevel = 60, 60, 3
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = _QUOTE.maxset = 4
+
+
+def quote(value: Any, limit: int = 80) -> str:
+    """A short repr for error messages: a value of any size (an 80 MB string, a huge list) quotes at most a prefix."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def shorten(text: Any, limit: int = 120) -> str:
+    """A path or name for an error message, cut to a prefix when it is long."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+def special_file(path: str) -> str | None:
+    """What a path is when it exists but is neither a regular file nor a directory (reading it could block forever
+    or never end), else None. Checked before anything opens it."""
+    try:
+        mode = os.stat(os.path.expanduser(path)).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
+
+
+RECIPE_MAX_BYTES = 1 << 20  # recipes are a few hundred bytes; a bound keeps a hostile file from costing memory
+RECIPE_MAX_NODES = 10_000  # values after YAML aliases are expanded (a flat recipe has a few dozen)
+
+
+def _expanded_nodes(root, cap: int = RECIPE_MAX_NODES) -> int:
+    """How many nodes the YAML document holds once every alias is expanded, computed on the node graph (shared
+    nodes counted once per use, in linear time, without expanding anything). Recursive aliases count as > cap."""
+    import yaml
+
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            if isinstance(node, yaml.SequenceNode):
+                kids = node.value
+            elif isinstance(node, yaml.MappingNode):
+                kids = [x for pair in node.value for x in pair]
+            else:
+                kids = []
+            size[key] = min(cap + 1, 1 + sum(size[id(k)] for k in kids))
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            return cap + 1  # an alias to an enclosing node: infinite when expanded
+        on_path.add(key)
+        stack.append((node, True))
+        if isinstance(node, yaml.SequenceNode):
+            kids = node.value
+        elif isinstance(node, yaml.MappingNode):
+            kids = [x for pair in node.value for x in pair]
+        else:
+            kids = []
+        for kid in kids:
+            if id(kid) in on_path:
+                return cap + 1
+            if id(kid) not in size:
+                stack.append((kid, False))
+    return size[id(root)]
 
 
 def load_recipe(path: str) -> dict[str, Any]:
-    """Read a YAML recipe into a flat dict; problems are UsageErrors (exit 2)."""
+    """Read a YAML recipe into a flat dict; problems are UsageErrors (exit 2).
+
+    Bounded on hostile input: only regular files, at most RECIPE_MAX_BYTES, and at most RECIPE_MAX_NODES values
+    once YAML aliases are expanded (a 400-byte "billion laughs" is refused before anything is expanded)."""
     import yaml
 
     p = Path(path).expanduser()
+    shown = shorten(path)
     if not p.exists():
-        raise UsageError(f"recipe not found: {path}")
+        raise UsageError(f"recipe not found: {shown}")
     if p.is_dir():
-        raise UsageError(f"recipe {path} is a directory; pass a .yaml file")
+        raise UsageError(f"recipe {shown} is a directory; pass a .yaml file")
+    kind = special_file(path)
+    if kind:
+        raise UsageError(f"recipe {shown} is {kind}, not a regular file; pass a .yaml file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read recipe {path}: {e}") from None
+        with open(p, "rb") as fh:
+            raw = fh.read(RECIPE_MAX_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read recipe {shown}: {e.strerror or e}") from None
+    if len(raw) > RECIPE_MAX_BYTES:
+        raise UsageError(f"recipe {shown} is larger than {RECIPE_MAX_BYTES // 1024} KiB; a recipe is a short list of option: value lines")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"recipe {shown} is not UTF-8 text (byte {e.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_nodes(node) > RECIPE_MAX_NODES:
+            raise UsageError(f"recipe {shown} expands to more than {RECIPE_MAX_NODES} values through YAML aliases (&anchor/*alias); a recipe is a flat list of option: value lines")
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"recipe {path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        problem = getattr(e, "problem", None) or str(e)
+        raise UsageError(f"recipe {shown}{line}: invalid YAML ({shorten(problem)})") from None
+    except RecursionError:
+        raise UsageError(f"recipe {shown} is nested too deeply; a recipe is a flat list of option: value lines") from None
+    finally:
+        loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UsageError(f"recipe {path} must be a mapping of option names to values (got {type(data).__name__})")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+        raise UsageError(f"recipe {shown} must be a mapping of option names to values (got {type(data).__name__})")
+    out = {}
+    for k, v in data.items():
+        if not isinstance(k, (str, int, float, bool)):
+            raise UsageError(f"recipe {shown}: keys must be option names, got {quote(k)}")
+        out[str(k).replace("-", "_")] = v
+    return out
 
 
 def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
@@ -290,11 +399,11 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
             o = opts.get(key)
             if o is None or not o.recipe:
                 hint = " (it belongs to another command)" if key in OPTION_BY_NAME else ""
-                problems.append(f"recipe {recipe_path}: unknown key '{key}'{hint}")
+                problems.append(f"recipe {shorten(recipe_path)}: unknown key '{shorten(key, 60)}'{hint}")
                 continue
             v, problem = _coerce(o, raw, "recipe")
             if problem:
-                problems.append(f"recipe {recipe_path}: {problem}")
+                problems.append(f"recipe {shorten(recipe_path)}: {problem}")
                 continue
             values[key], sources[key] = v, "recipe"
         if any("unknown key" in p for p in problems):
@@ -323,7 +432,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
                 problem = o.check(item)
                 if problem:
                     where = o.cli_flag if sources[name] == "cli" else f"recipe key '{name}'"
-                    problems.append(f"{where} {problem}, got {item!r}")
+                    problems.append(f"{where} {problem}, got {quote(item)}")
 
     if command in COMMAND_DEFAULT_LR and values.get("lr") is None:
         values["lr"] = COMMAND_DEFAULT_LR[command]
@@ -365,11 +474,43 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):
         path = v.get(key)
         if path and _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
-            problems.append(f"--{key.replace('_', '-')}: {path} does not exist")
+            problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")
+    # inputs that are read: a FIFO, socket or device would block forever or never end, so refuse before opening
+    named = [(k, v.get(k)) for k in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "model_config")]
+    named += [("ood_eval", p) for p in v.get("ood_eval") or []] + [("text", p) for p in v.get("text") or []]
+    for key, path in named:
+        kind = special_file(path) if isinstance(path, str) and path else None
+        if kind:
+            problems.append(f"--{key.replace('_', '-')} {shorten(path)} is {kind}, not a regular file: pass a file")
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
-        if not os.path.isfile(os.path.expanduser(path)):
-            problems.append(f"text file not found: {path}")
+        if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
+            problems.append(f"text file not found: {shorten(path)}")
     return problems
+
+
+def producing_recipe(values: dict[str, Any], ref: str) -> str | None:
+    """When `ref` (e.g. runs/shakespeare-base) is the output_dir of a recipe beside --recipe (or in ./recipes),
+    a hint naming the command that produces it."""
+    dirs = []
+    if values.get("recipe"):
+        dirs.append(Path(values["recipe"]).expanduser().parent)
+    dirs.append(Path("recipes"))
+    want = os.path.normpath(ref.rstrip("/"))
+    seen = set()
+    for d in dirs:
+        if not d.is_dir() or d.resolve() in seen:
+            continue
+        seen.add(d.resolve())
+        for f in sorted(d.glob("*.y*ml")):
+            try:
+                data = load_recipe(str(f))
+            except UsageError:
+                continue
+            if isinstance(data.get("output_dir"), str) and os.path.normpath(data["output_dir"].rstrip("/")) == want:
+                first = f.read_text(encoding="utf-8", errors="replace").splitlines()[:1]
+                command = first[0][2:].strip() if first and first[0].startswith("# posttrainllm ") else f"posttrainllm ... --recipe {f}"
+                return f"{ref} is what recipe {f} produces: run `{command}` first, or pass --model"
+    return None
 
 
 def _looks_local(ref: str) -> bool:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 from posttrainllm import banner, checkpoints
 from posttrainllm.config import resolve
+from posttrainllm.errors import UsageError
 from rich.table import Table
 
 DEMO_GAMMA = 0.8
+DEMO_ENTRIES = ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json")  # what the demo writes
 
 
 def _stage(command: str, values: dict) -> None:
@@ -28,20 +30,29 @@ def _stage(command: str, values: dict) -> None:
     (run.pretrain if command == "pretrain" else run.train)(cfg)
 
 
+def _check_demo_dir(out: Path, label: str, overwrite: bool) -> None:
+    """A non-empty directory needs --overwrite, and then may hold only what the demo writes. Nothing is deleted here:
+    each stage replaces its own run directory the way --overwrite does (posttrainllm/outdir.py)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output-dir {label} is a file")
+    names = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
+    if not names:
+        return
+    if not overwrite:
+        raise UsageError(f"--output-dir {label} is not empty; pass --overwrite to replace the demo's results")
+    strangers = [n for n in names if n not in DEMO_ENTRIES]
+    if strangers:
+        raise UsageError(f"--output-dir {label} holds {strangers[0]}, which the demo did not write; --overwrite only replaces the demo's own results: choose another --output-dir")
+
+
 def run_demo(cfg) -> None:
     from posttrainllm.demo_data import write_demo_files
 
     out = Path(cfg.output_dir)
-    checkpoints.check_output_dir(str(out), overwrite=cfg.overwrite, resume=False, dry_run=False)
-    if cfg.overwrite and out.is_dir() and (out / "data").is_dir():
-        import shutil
-
-        for sub in ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json"):
-            p = out / sub
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    _check_demo_dir(out, cfg.output_dir, cfg.overwrite)
     files = write_demo_files(out / "data")
     quick = cfg.quick
-    common = {"max_length": "128", "logging_steps": "50", "save_steps": "100000", "seed": "0"}
+    common = {"max_length": "128", "logging_steps": "50", "save_steps": "100000", "seed": "0", "overwrite": cfg.overwrite}
     _stage("pretrain", {**common, "dataset": str(files["pretrain"]), "output_dir": str(out / "base"), "model_config": "tiny",
                         "vocab_size": "2048", "max_steps": "150" if quick else "600", "batch_size": "16", "lr": "2e-3", "warmup_ratio": "0.05", "lr_scheduler": "cosine"})
     runs = {"flat (γ=1.0)": "1.0", f"LLRD (γ={DEMO_GAMMA})": str(DEMO_GAMMA)}

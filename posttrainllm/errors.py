@@ -35,6 +35,10 @@ class DataError(PosttrainError):
     """The dataset cannot be read or has the wrong shape. Exit code 1."""
 
 
+class TrainingError(PosttrainError):
+    """Training itself failed (e.g. the loss diverged to NaN/inf). Exit code 1."""
+
+
 class ModelError(PosttrainError):
     """The model cannot be loaded, or its structure is not understood. Exit code 1."""
 

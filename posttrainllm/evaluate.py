@@ -403,6 +403,29 @@ def evaluate_files(
     return results
 
 
+def json_ready(results: Mapping) -> dict:
+    """`results` as strict JSON (no NaN/Infinity, which JSON does not have): each non-finite number becomes null
+    and its entry says why under "not_finite" (e.g. {"perplexity": "infinite: exp(mean NLL) overflows"})."""
+
+    def why(key: str, v: float) -> str:
+        if math.isnan(v):
+            return "NaN: the model's outputs are not finite (do its weights hold NaN/inf?)"
+        return "infinite: exp(mean NLL) overflows" if key == "perplexity" else "infinite"
+
+    out: dict = {}
+    for name, entry in results.items():
+        if not isinstance(entry, Mapping):
+            out[name] = None if isinstance(entry, float) and not math.isfinite(entry) else entry
+            continue
+        clean = dict(entry)
+        bad = {k: why(k, v) for k, v in entry.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            clean.update({k: None for k in bad})
+            clean["not_finite"] = bad
+        out[name] = clean
+    return out
+
+
 def _ppl_of(entry: Any) -> float | None:
     if isinstance(entry, Mapping):
         if entry.get("perplexity") is not None:

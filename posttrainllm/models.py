@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,27 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def check_model_ref(ref: str, what: str = "--model") -> None:
-    """Fail early (exit 2) on a local model directory that cannot be a model; hub ids are checked when loaded."""
+def hub_offline() -> bool:
+    return any(os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds a model config for `repo_id` (what an offline load needs)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in ("config.json", "adapter_config.json"))
+    except Exception:  # noqa: BLE001 - an invalid repo id is simply not in the cache
+        return False
+
+
+def check_model_ref(ref: str, what: str = "--model", hint: str | None = None) -> None:
+    """Fail early (exit 2) on a local model directory that cannot be a model, and on a hub id that cannot load
+    because the Hub is offline and the cache does not hold it; other hub problems are reported when loading."""
     p = Path(ref).expanduser()
     if not p.exists():
+        if hub_offline() and not in_hub_cache(ref):
+            raise UsageError(f"{what} {ref}: not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)" + (f"; {hint}" if hint else ""))
         return
     if not p.is_dir():
         raise UsageError(f"{what} {ref} is a file; pass the model directory (with config.json and weights) or a hub id")
@@ -44,13 +62,21 @@ def pick_precision(requested: str = "auto") -> str:
     return "fp32"
 
 
-def load_tokenizer(ref: str, trust_remote_code: bool = False):
+def load_tokenizer(ref: str, trust_remote_code: bool = False, *, need_eos: bool = False, notes: list[str] | None = None):
+    """The tokenizer, with a pad token (its EOS, or a new <|pad|>). need_eos (sft/dpo, which end every completion
+    with EOS): a tokenizer without one gets a new <|endoftext|> token, and `notes` says so."""
     from transformers import AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"cannot load a tokenizer from {ref}: {_short(e)}") from e
+    if need_eos and tok.eos_token is None:
+        before = len(tok)
+        tok.add_special_tokens({"eos_token": "<|endoftext|>"})
+        if notes is not None:
+            row = " (a new embedding row)" if len(tok) > before else ""
+            notes.append(f"the tokenizer has no EOS token: using <|endoftext|>{row} as EOS so that completions can end")
     if tok.pad_token is None:
         if tok.eos_token is not None:
             tok.pad_token = tok.eos_token

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
-from posttrainllm import banner, checkpoints
+from posttrainllm import banner, checkpoints, outdir
 from posttrainllm.checkpoints import is_rank0, write_json
-from posttrainllm.errors import UsageError
+from posttrainllm.errors import TrainingError, UsageError
 
 TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
 
@@ -30,33 +31,48 @@ def llrd_settings(cfg) -> dict:
     )
 
 
-def _prepare_output(cfg) -> Path | None:
-    """Output-dir safety before anything heavy; returns the checkpoint to resume from (or None)."""
-    checkpoints.check_output_dir(cfg.output_dir, overwrite=cfg.overwrite, resume=cfg.resume, dry_run=cfg.dry_run)
+def _prepare_output(cfg):
+    """Output-dir safety before anything heavy (posttrainllm/outdir.py): checks, the directory's lock (rank 0) and
+    the checkpoint to resume from. Returns (run_dir, resume_from), or None when --resume finds the run complete."""
+    run_dir = outdir.prepare(cfg)
+    if run_dir is None:
+        if is_rank0():
+            done = checkpoints.finished_run(Path(cfg.output_dir).expanduser()) or {}
+            banner.console.print(f"already complete: {cfg.output_dir} holds the finished run (step {done.get('global_step', '?')}); nothing to do")
+        return None
     resume_from = None
     if cfg.resume:
-        resume_from, skipped = checkpoints.resume_checkpoint(cfg.output_dir)
-        checkpoints.check_resume_config(cfg.output_dir, cfg.to_dict(), cfg.allow_config_change)
+        try:
+            resume_from, skipped = checkpoints.resume_checkpoint(cfg.output_dir)
+        except BaseException:
+            run_dir.release()
+            raise
         if skipped and is_rank0():
-            banner.console.print(f"[yellow]note:[/] skipped incomplete checkpoint(s): {', '.join(d.name for d in skipped)}")
-    elif cfg.overwrite and is_rank0() and not cfg.dry_run:
-        checkpoints.clear_output_dir(cfg.output_dir)
-    return resume_from
+            banner.console.print(f"[yellow]note:[/] skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}")
+    return run_dir, resume_from
 
 
-def _show_plan(cfg, info: dict, plan, notes: list[str], extra: dict) -> bool:
-    """Banner + param_groups.json + run_config.json (rank 0). Returns True for a dry run (nothing to train)."""
+def _show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) -> bool:
+    """Banner + param_groups.json + run_config.json (rank 0). Returns True for a dry run (nothing to train).
+
+    A real run first lets --overwrite move the previous contents aside (run_dir.start). A dry run writes its plan
+    only into a directory that holds no run (it leaves a previous run exactly as it is)."""
     if not is_rank0():
         return cfg.dry_run
     banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "param_groups.json", plan.to_json())
-    if not cfg.resume:
-        write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **extra})
     if cfg.dry_run:
-        banner.console.print(f"dry run: nothing trained; parameter groups written to {out / 'param_groups.json'}")
-    return cfg.dry_run
+        if outdir.only_pre_training_records(out):
+            write_json(out / "param_groups.json", plan.to_json())
+            write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **extra})
+            banner.console.print(f"dry run: nothing trained; parameter groups written to {out / 'param_groups.json'}")
+        else:
+            banner.console.print(f"dry run: nothing trained; {out} holds a previous run, which a dry run leaves as it is (param_groups.json not written)")
+        return True
+    run_dir.start()
+    write_json(out / "param_groups.json", plan.to_json())
+    checkpoints.write_run_config(out, {**cfg.to_dict(), **extra}, resume=cfg.resume)
+    return False
 
 
 def _apply_lora(model, cfg):
@@ -127,11 +143,19 @@ def _clamp_max_length(cfg, limit: int | None) -> list[str]:
 
 def train(cfg) -> None:
     """sft / dpo / finetune."""
-    resume_from = _prepare_output(cfg)
+    prepared_output = _prepare_output(cfg)
+    if prepared_output is None:
+        return
+    run_dir, resume_from = prepared_output
+    with run_dir:  # holds the output directory's lock; puts replaced contents back if the run fails early
+        _train(cfg, run_dir, resume_from)
 
+
+def _train(cfg, run_dir, resume_from) -> None:
     from transformers import set_seed
 
     from posttrainllm import models
+    from posttrainllm.config import producing_recipe
     from posttrainllm.data import describe
     from posttrainllm.llrd import build_param_groups
     from posttrainllm.trainers import check_optim_name, total_steps
@@ -139,11 +163,12 @@ def train(cfg) -> None:
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
-    models.check_model_ref(cfg.model)
+    models.check_model_ref(cfg.model, hint=producing_recipe(cfg.values, cfg.model))
     if cfg.command == "dpo" and cfg.ref_model:
-        models.check_model_ref(cfg.ref_model, "--ref-model")
-    tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
-    notes = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
+        models.check_model_ref(cfg.ref_model, "--ref-model", hint=producing_recipe(cfg.values, cfg.ref_model))
+    notes: list[str] = []
+    tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes)
+    notes += _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision)
     models.fit_embeddings_to_tokenizer(model, tokenizer)
@@ -170,34 +195,58 @@ def train(cfg) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, notes, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval}):
+    if _show_plan(cfg, info, plan, notes, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval}, run_dir):
         return
 
     before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
-    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, ref_model=ref_model, before=before)
+    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, run_dir, ref_model=ref_model, before=before)
 
 
-def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, *, ref_model=None, before=None) -> None:
+def _at_last_step(trainer, checkpoint: Path) -> int | None:
+    """The checkpoint's step when it is already at the run's last step (a crash hit the final save), else None."""
+    try:
+        step = int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    *_, max_steps = trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())
+    return step if step >= max_steps else None
+
+
+def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, *, ref_model=None, before=None) -> None:
     from posttrainllm.trainers import build_trainer
 
     guard = checkpoints.InterruptGuard()
     callbacks = [checkpoints.make_callback(guard)]
     trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, llrd_settings=llrd_settings(cfg), ref_model=ref_model, callbacks=callbacks)
+    if kind in ("sft", "dpo"):
+        run_dir.own(["README.md"])  # TRL writes its model card at the top of the output directory
     t0 = time.time()
-    with guard:
-        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    if guard.signum is not None:
-        if trainer.is_world_process_zero():
-            resume_cmd = " ".join(a for a in sys.argv if a not in ("--overwrite",))
-            if "--resume" not in sys.argv:
-                resume_cmd += " --resume"
-            banner.console.print(f"[yellow]interrupted[/] at step {trainer.state.global_step}: checkpoint saved in {cfg.output_dir}. Resume with:\n  {resume_cmd}")
-        raise SystemExit(guard.exit_code)
+    last = _at_last_step(trainer, resume_from) if resume_from else None
+    if last is not None:  # training had ended; only the final save is missing: no extra step
+        from transformers import TrainerState
 
-    metrics = dict(result.metrics)
+        if trainer.is_world_process_zero():
+            banner.console.print(f"{resume_from.name} is at the last step ({last}): writing the final model from it")
+        trainer._load_from_checkpoint(str(resume_from))
+        trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
+        metrics = {k: v for h in trainer.state.log_history for k, v in h.items() if k in ("train_loss", "train_runtime")}
+    else:
+        with guard:
+            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        if guard.signum is not None:
+            if trainer.is_world_process_zero():
+                resume_cmd = " ".join(a for a in sys.argv if a not in ("--overwrite",))
+                if "--resume" not in sys.argv:
+                    resume_cmd += " --resume"
+                banner.console.print(f"[yellow]interrupted[/] at step {trainer.state.global_step}: checkpoint saved in {cfg.output_dir}. Resume with:\n  {resume_cmd}")
+            raise SystemExit(guard.exit_code)
+        metrics = dict(result.metrics)
+        if not math.isfinite(metrics.get("train_loss", 0.0)):
+            raise TrainingError(f"training diverged: the mean training loss is {metrics['train_loss']}; no final model was written. Try a lower --lr (now {cfg.lr:g}), a warmup (--warmup-ratio 0.05) or --precision fp32")
+
     if prepared.eval is not None:
         metrics.update(trainer.evaluate())
-    checkpoints.save_final(trainer, tokenizer, cfg.output_dir)
+    sizes = checkpoints.save_final(trainer, tokenizer, cfg.output_dir)
     if trainer.is_world_process_zero():
         out = Path(cfg.output_dir)
         trainer.state.save_to_json(str(out / "trainer_state.json"))
@@ -210,15 +259,24 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             results["ood"] = report
             banner.print_forgetting(report)
         write_json(out / "eval_results.json", results)
-        write_json(out / checkpoints.FINAL_MARKER, {"global_step": trainer.state.global_step, "train_loss": metrics.get("train_loss"), "eval_loss": metrics.get("eval_loss")})
+        write_json(out / checkpoints.FINAL_MARKER, {"global_step": trainer.state.global_step, "train_loss": metrics.get("train_loss"), "eval_loss": metrics.get("eval_loss"), "files": sizes})
+    run_dir.finish()  # the new final save is complete: what --overwrite moved aside can go
+    if trainer.is_world_process_zero():
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "train_runtime", "train_samples_per_second")}
         banner.console.print(f"done: {shown}; model saved to {cfg.output_dir}")
 
 
 def pretrain(cfg) -> None:
     """From scratch: train a byte-level BPE tokenizer on the corpus, build a preset model, causal-LM training."""
-    resume_from = _prepare_output(cfg)
+    prepared_output = _prepare_output(cfg)
+    if prepared_output is None:
+        return
+    run_dir, resume_from = prepared_output
+    with run_dir:
+        _pretrain(cfg, run_dir, resume_from)
 
+
+def _pretrain(cfg, run_dir, resume_from) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from posttrainllm import data, models
@@ -250,11 +308,12 @@ def pretrain(cfg) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval}):
+    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval}, run_dir):
         return
     if is_rank0():
+        run_dir.own(["tokenizer"])
         tokenizer.save_pretrained(str(tok_dir))
-    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from)
+    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from, run_dir)
 
 
 def evaluate(cfg) -> None:
@@ -274,7 +333,7 @@ def evaluate(cfg) -> None:
         sft_examples = records
     results = ev.evaluate_files(model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json)
     if cfg.json:
-        print(json.dumps(results))
+        print(json.dumps(ev.json_ready(results), allow_nan=False))
         return
     from rich.table import Table
 

@@ -9,7 +9,7 @@ import math
 import os
 from typing import Any
 
-from posttrainllm.errors import DataError, ModelError, UsageError
+from posttrainllm.errors import DataError, ModelError, TrainingError, UsageError
 from posttrainllm.llrd import build_param_groups
 
 
@@ -71,6 +71,80 @@ class LLRDMixin:
                 logs["lr_min"] = logs["learning_rate"] * min(initial) / initial[0]
                 logs["lr_max"] = logs["learning_rate"] * max(initial) / initial[0]
         super().log(logs, *args, **kwargs)
+
+
+class DivergenceGuardMixin:
+    """Stops a run whose loss or gradient norm becomes NaN/inf (exit 1) before anything is saved from it.
+
+    No per-step host sync: transformers' NaN filter (which syncs every step and hides a NaN loss behind the running
+    mean) is off, so the on-device loss accumulator itself turns NaN/inf; non-finite gradient norms are OR-ed into an
+    on-device flag. Both are read only where the trainer syncs anyway: at logging, evaluation and checkpoint points
+    and at the last step. A checkpoint is only written after that check and a check of the weights themselves, so
+    the last checkpoint on disk is always a good one. Under fp16 mixed precision an infinite gradient norm is the
+    loss scaler's normal overflow signal (the step is skipped), so only the loss is watched there.
+    """
+
+    _nf_grad = None  # on-device bool: some gradient norm since the last check was NaN/inf
+    _nf_grad_host = False
+    _nf_checked = None  # last step that passed the check
+
+    def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
+        self._note_grad_norm(grad_norm)
+        c = self.control
+        if c.should_log or c.should_save or c.should_evaluate or c.should_training_stop:
+            self._raise_if_diverged(tr_loss, grad_norm)
+        return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        from posttrainllm.checkpoints import nonfinite_parameters
+
+        self._raise_if_diverged(getattr(self, "_tr_loss", None), None)
+        bad = nonfinite_parameters(self.model)
+        if bad:
+            raise TrainingError(self._divergence_message(f"the weights hold NaN/inf values ({', '.join(bad)}, ...)"))
+        return super()._save_checkpoint(model, trial)
+
+    def _note_grad_norm(self, grad_norm) -> None:
+        if grad_norm is None or self.args.fp16:
+            return
+        import torch
+
+        if isinstance(grad_norm, torch.Tensor):
+            bad = ~torch.isfinite(grad_norm.detach())
+            self._nf_grad = bad if self._nf_grad is None else (self._nf_grad | bad.to(self._nf_grad.device))
+        elif not math.isfinite(float(grad_norm)):
+            self._nf_grad_host = True
+
+    def _raise_if_diverged(self, tr_loss, grad_norm) -> None:
+        import torch
+
+        flags = []
+        if isinstance(tr_loss, torch.Tensor):
+            flags.append(~torch.isfinite(tr_loss.detach()).reshape(()))
+        if self._nf_grad is not None:
+            flags.append(self._nf_grad.reshape(()).to(flags[0].device) if flags else self._nf_grad.reshape(()))
+        bad = self._nf_grad_host or (bool(torch.stack(flags).any()) if flags else False)  # the one sync
+        if not bad:
+            self._nf_checked = self.state.global_step
+            self._nf_grad = None
+            return
+        bad_loss = isinstance(tr_loss, torch.Tensor) and bool(flags[0])
+        what = "the training loss" if bad_loss else "the gradient norm"
+        raise TrainingError(self._divergence_message(f"{what} became NaN/inf"))
+
+    def _divergence_message(self, what: str) -> str:
+        from pathlib import Path
+
+        from posttrainllm.checkpoints import checkpoint_dirs, verify_checkpoint
+
+        step = self.state.global_step
+        since = self._nf_checked if self._nf_checked is not None else getattr(self, "_initial_global_step", 0)
+        when = f"at step {step}" if step - since <= 1 else f"between steps {since + 1} and {step}"
+        good = [d for d in checkpoint_dirs(self.args.output_dir) if verify_checkpoint(d) is None]
+        kept = (f"the last good checkpoint is {Path(self.args.output_dir) / good[-1].name} (continue from it with --resume "
+                "--allow-config-change and a lower --lr)") if good else "no checkpoint had been saved"
+        return (f"training diverged: {what} {when}; nothing from that point was saved and no final model was written "
+                f"({kept}). Try a lower --lr (now {self.args.learning_rate:g}), a warmup (--warmup-ratio 0.05) or --precision fp32")
 
 
 def _llrd_active(settings: dict[str, Any] | None) -> bool:
@@ -140,6 +214,7 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         save_safetensors=True,
         logging_steps=cfg.logging_steps,
         logging_first_step=True,
+        logging_nan_inf_filter=False,  # a NaN/inf loss must reach the divergence check, not be averaged away
         eval_strategy=("steps" if eval_steps else "no") if has_eval else "no",
         eval_steps=eval_steps,
         bf16=precision == "bf16",
@@ -174,19 +249,19 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
         from trl import SFTConfig, SFTTrainer
 
         conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=None)
-        cls = type("LLRDSFTTrainer", (LLRDMixin, SFTTrainer), {"llrd_settings": llrd_settings})
+        cls = type("LLRDSFTTrainer", (DivergenceGuardMixin, LLRDMixin, SFTTrainer), {"llrd_settings": llrd_settings})
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     elif kind == "dpo":
         from trl import DPOConfig, DPOTrainer
 
         conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length)
-        cls = type("LLRDDPOTrainer", (LLRDMixin, DPOTrainer), {"llrd_settings": llrd_settings})
+        cls = type("LLRDDPOTrainer", (DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_settings": llrd_settings})
         trainer = cls(model=model, ref_model=ref_model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     elif kind == "causal_lm":
         from transformers import Trainer, TrainingArguments, default_data_collator
 
         conf = TrainingArguments(**_filter_kwargs(TrainingArguments, args))
-        cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_settings": llrd_settings})
+        cls = type("LLRDTrainer", (DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_settings": llrd_settings})
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
     else:  # pragma: no cover - programming error
         raise ValueError(kind)

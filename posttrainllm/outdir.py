@@ -1,0 +1,416 @@
+"""The output directory is the user's: what posttrainllm may write, replace and remove there, and when.
+
+- **Ownership.** posttrainllm only ever moves or removes what it wrote itself: its run records (`OWN_RECORDS`),
+  `checkpoint-<N>` *directories*, its hidden folder `.posttrainllm/`, and the names listed in
+  `.posttrainllm/manifest.json` (the final model and tokenizer files, pretrain's `tokenizer/`), which are recorded
+  there *before* they are written. Symbolic links are never ours. Anything else makes `--overwrite` refuse (exit 2).
+- **Lock.** A run holds an exclusive `fcntl.flock` on `.posttrainllm/lock` (which holds its PID, host and start
+  time) from before it checks the directory until it exits; a second run into the same directory exits 2 at once,
+  naming that PID. The kernel drops the lock when its process dies, so a lock left by a dead process is simply
+  taken over (with a note). Under torchrun/accelerate only global rank 0 takes it.
+- **`--overwrite` deletes nothing first.** Inputs inside the directory are refused; the previous contents stay
+  untouched while the model and data load, then are moved (renamed, same filesystem) into
+  `.posttrainllm/replaced-<k>/` just before the new run writes anything, and deleted only after the new run's final
+  save succeeded. If the new run fails before saving a complete checkpoint, they are put back at once (or, after a
+  hard kill, by the next run in the directory); if it saved one (an interrupt, a divergence), both are kept and the
+  message says where.
+- **Records are not a run.** A directory holding only pre-training records (`run_config.json`,
+  `param_groups.json`, pretrain's `tokenizer/`) is what a failed start or a `--dry-run` leaves: the next plain run
+  proceeds into it.
+
+This module imports no torch/transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from posttrainllm.checkpoints import is_rank0, write_json
+from posttrainllm.errors import UsageError
+
+HIDDEN = ".posttrainllm"
+LOCK_NAME = "lock"
+MANIFEST = "manifest.json"
+SLOT_PREFIX = "replaced-"
+SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
+CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
+# records a run writes besides the model (run_config.json ... training_complete.json), always ours by name
+OWN_RECORDS = frozenset({"run_config.json", "param_groups.json", "trainer_state.json", "eval_results.json", "training_complete.json", ".final-tmp"})
+# what a run writes before its first training step: a directory holding only these is not a finished run
+PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer"})
+# inputs that --overwrite must not be asked to replace
+INPUT_KEYS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset", "model_config")
+
+
+def _note(text: str) -> None:
+    from posttrainllm import banner
+
+    banner.console.print(f"[yellow]note:[/] {text}")
+
+
+# ------------------------------------------------------------------------------------------------------ ownership
+def entries(out: Path) -> list[str]:
+    return sorted(e.name for e in out.iterdir()) if out.is_dir() else []
+
+
+def manifest(out: Path) -> set[str]:
+    try:
+        return set(json.loads((out / HIDDEN / MANIFEST).read_text()).get("files", []))
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
+def own(out: str | Path, names) -> None:
+    """Record top-level names as written by posttrainllm (call before writing them; rank 0)."""
+    out = Path(out)
+    listed = manifest(out)
+    new = {str(n) for n in names} - listed
+    if not new:
+        return
+    (out / HIDDEN).mkdir(parents=True, exist_ok=True)
+    write_json(out / HIDDEN / MANIFEST, {"files": sorted(listed | new)})
+
+
+def _is_ours(out: Path, name: str, listed: set[str]) -> bool:
+    p = out / name
+    if p.is_symlink():
+        return False
+    if name == HIDDEN or name in OWN_RECORDS or name in listed:
+        return True
+    if name.endswith(".tmp") and (name[:-4] in OWN_RECORDS or name[:-4] in listed):
+        return True  # a record whose atomic write was cut short
+    return bool(CKPT_DIR.match(name)) and p.is_dir()
+
+
+def foreign(out: Path) -> list[str]:
+    """Top-level entries of `out` that posttrainllm did not write."""
+    listed = manifest(out)
+    return [n for n in entries(out) if not _is_ours(out, n, listed)]
+
+
+def only_pre_training_records(out: Path) -> bool:
+    """True when `out` holds nothing but what a run writes before its first step (a failed start or a dry run)."""
+    if slots(out):
+        return False
+    names = [n for n in entries(out) if n != HIDDEN]
+    return all(n.removesuffix(".tmp") in PRE_TRAINING and not (out / n).is_symlink() for n in names)
+
+
+def has_results(out: Path) -> bool:
+    """A complete checkpoint or a finished final save: something a run produced that is worth keeping."""
+    from posttrainllm.checkpoints import FINAL_MARKER, MARKER
+
+    if (out / FINAL_MARKER).is_file():
+        return True
+    return any(CKPT_DIR.match(n) and (out / n / MARKER).is_file() for n in entries(out))
+
+
+def slots(out: Path) -> list[Path]:
+    hidden = out / HIDDEN
+    if not hidden.is_dir():
+        return []
+    found = [(int(d.name[len(SLOT_PREFIX):]), d) for d in hidden.iterdir() if d.name.startswith(SLOT_PREFIX) and d.name[len(SLOT_PREFIX):].isdigit() and d.is_dir()]
+    return [d for _, d in sorted(found)]
+
+
+def _inside(path: str, out: Path) -> bool:
+    try:
+        p, o = os.path.realpath(os.path.expanduser(path)), os.path.realpath(out)
+    except (OSError, ValueError):
+        return False
+    return p == o or p.startswith(o.rstrip(os.sep) + os.sep)
+
+
+def _inputs_inside(cfg, out: Path) -> list[str]:
+    found = []
+    for key in INPUT_KEYS:
+        value = cfg.values.get(key)
+        if isinstance(value, str) and value and os.path.exists(os.path.expanduser(value)) and _inside(value, out):
+            found.append(f"--{key.replace('_', '-')} {_short(value)}")
+    for path in cfg.values.get("ood_eval") or []:
+        if os.path.exists(os.path.expanduser(path)) and _inside(path, out):
+            found.append(f"--ood-eval {_short(path)}")
+    return found
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+# ----------------------------------------------------------------------------------------------------------- lock
+class Lock:
+    """An exclusive flock on OUT/.posttrainllm/lock holding {pid, host, started}; removed when released."""
+
+    def __init__(self, out: Path):
+        self.path = out / HIDDEN / LOCK_NAME
+        self.fd: int | None = None
+
+    @staticmethod
+    def describe(info: dict) -> str:
+        started = info.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+        return f"PID {info.get('pid', '?')} on {info.get('host', '?')}, started {when}"
+
+    def _read(self, fd: int) -> dict:
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            data = json.loads(os.read(fd, 4096).decode("utf-8", "replace") or "{}")
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self, out_label: str) -> str | None:
+        """Take the lock or raise UsageError naming the holder. Returns a note when a dead run's lock was taken over."""
+        import fcntl
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--output-dir {out_label} is not writable: {e.strerror or e}") from None
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise UsageError(f"--output-dir {out_label} is not writable: {e.strerror or e}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self._read(fd)
+                os.close(fd)
+                raise UsageError(
+                    f"--output-dir {out_label} is in use by another posttrainllm run ({self.describe(holder)}); "
+                    "wait for it to finish or choose another --output-dir"
+                ) from None
+            try:  # the holder may have removed the file between our open and our flock: lock the current file
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            break
+        previous = self._read(fd)
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}).encode())
+        os.fsync(fd)
+        self.fd = fd
+        if previous.get("pid") and previous.get("pid") != os.getpid():
+            return f"took over the lock of a run that is no longer running ({self.describe(previous)})"
+        return None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # unlink while still holding it (see acquire's inode check)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+# ------------------------------------------------------------------------------------------------ replace / restore
+def _move_contents(src: Path, dst: Path, names: list[str]) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        os.rename(src / name, dst / name)
+
+
+def _restore(out: Path, slot: Path) -> bool:
+    """Put the contents of `slot` back into `out`, removing the unfinished run's own entries. False if unsafe."""
+    if foreign(out):
+        return False  # something not ours appeared at the top: leave everything as it is
+    for name in entries(out):
+        if name == HIDDEN:
+            continue
+        p = out / name
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    mf = out / HIDDEN / MANIFEST
+    mf.unlink(missing_ok=True)
+    names = [n for n in entries(slot) if n != SLOT_MANIFEST]
+    _move_contents(slot, out, names)
+    if (slot / SLOT_MANIFEST).is_file():
+        os.replace(slot / SLOT_MANIFEST, mf)
+    slot.rmdir()
+    return True
+
+
+def needs_recovery(out: Path) -> bool:
+    """An --overwrite run moved the previous contents aside and died before producing anything to keep."""
+    return bool(slots(out)) and not has_results(out)
+
+
+def recover(out: Path) -> str | None:
+    restored = False
+    while needs_recovery(out):
+        if not _restore(out, slots(out)[-1]):
+            break
+        restored = True
+    if restored:
+        return f"restored the previous contents of {out}, which an unfinished --overwrite run had moved aside"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------- the run
+class RunDir:
+    """The output directory of one run: locked (rank 0) from prepare() until the `with` block ends.
+
+    start(): just before the run writes anything, --overwrite moves the previous contents aside.
+    finish(): after the final save, the moved-aside contents are deleted.
+    On an exception/exit in between, they are restored if the new run saved no complete checkpoint, else kept.
+    """
+
+    def __init__(self, out: Path, label: str, *, overwrite: bool, created: bool, lock: Lock | None):
+        self.path, self.label, self.overwrite, self.created, self.lock = out, label, overwrite, created, lock
+        self.slot: Path | None = None
+        self.finished = False
+
+    @property
+    def rank0(self) -> bool:
+        return self.lock is not None
+
+    def start(self) -> None:
+        if not self.rank0 or not self.overwrite:
+            return
+        names = [n for n in entries(self.path) if n != HIDDEN]
+        if not names:
+            return
+        existing = slots(self.path)
+        k = int(existing[-1].name[len(SLOT_PREFIX):]) + 1 if existing else 1
+        slot = self.path / HIDDEN / f"{SLOT_PREFIX}{k}"
+        slot.mkdir(parents=True)
+        if (self.path / HIDDEN / MANIFEST).is_file():
+            os.replace(self.path / HIDDEN / MANIFEST, slot / SLOT_MANIFEST)
+        _move_contents(self.path, slot, names)
+        self.slot = slot
+
+    def own(self, names) -> None:
+        if self.rank0:
+            own(self.path, names)
+
+    def finish(self) -> None:
+        """The new run's final save is complete: the contents it replaced can go."""
+        self.finished = True
+        if not self.rank0:
+            return
+        for slot in slots(self.path):
+            shutil.rmtree(slot, ignore_errors=True)
+
+    def _after_failure(self) -> None:
+        slot = f"{self.label}/{HIDDEN}/{self.slot.name}" if self.slot else ""
+        if needs_recovery(self.path) and recover(self.path):
+            _note(f"this run saved no checkpoint, so the previous contents of {self.label} were put back as they were")
+            return
+        if slots(self.path):
+            _note(f"the previous contents of {self.label} (moved aside by --overwrite) are kept in {slot or self.label + '/' + HIDDEN}; "
+                  "they are deleted when a run in this directory finishes (e.g. with --resume). To get them back instead, "
+                  f"delete this run's files from {self.label} and move them back")
+
+    def release(self) -> None:
+        if self.lock is None:
+            return
+        self.lock.release()
+        for p in (self.path / HIDDEN, self.path if self.created else None):
+            if p is not None:
+                try:
+                    p.rmdir()  # only when empty
+                except OSError:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is not None and not self.finished and self.rank0 and slots(self.path):
+                interrupted_ok = exc_type is SystemExit and getattr(exc, "code", 1) in (0, None)
+                if not interrupted_ok:
+                    self._after_failure()
+        finally:
+            self.release()
+        return False
+
+
+def _check(cfg, out: Path) -> bool:
+    """Read-only checks. True: go on; False: a --resume of a finished run (nothing to do). Raises UsageError."""
+    from posttrainllm import checkpoints
+
+    label = cfg.output_dir
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output-dir {label} is a file")
+    names = entries(out)
+    if cfg.resume:
+        if not names:
+            raise UsageError(f"--resume: {label} has no checkpoints to resume from")
+        if checkpoints.finished_run(out) and not checkpoints.config_diffs(out, cfg.to_dict()):
+            return False  # finished, and nothing asks for more: leave it exactly as it is
+        checkpoints.check_resume_config(out, cfg.to_dict(), cfg.allow_config_change)
+        checkpoints.resume_checkpoint(out)
+        return True
+    if not names:
+        return True
+    if cfg.overwrite:
+        inside = _inputs_inside(cfg, out)
+        if inside:
+            raise UsageError(f"{inside[0]} is inside --output-dir {label}: --overwrite would replace what this run reads; choose another --output-dir")
+        strangers = foreign(out)
+        if strangers:
+            more = f" (and {len(strangers) - 1} more)" if len(strangers) > 1 else ""
+            raise UsageError(
+                f"--output-dir {label} holds {_short(strangers[0], 80)}{more}, which posttrainllm did not write; --overwrite only "
+                "replaces a previous run's own files: move it elsewhere or choose another --output-dir"
+            )
+        return True
+    if only_pre_training_records(out):
+        return True  # a failed start or a dry run left only its records: not a finished run
+    strangers = foreign(out)
+    if strangers:
+        raise UsageError(f"--output-dir {label} is not empty and holds {_short(strangers[0], 80)}, which posttrainllm did not write; choose another --output-dir")
+    kept = f" (what an unfinished --overwrite run replaced is kept in {label}/{HIDDEN}/{slots(out)[-1].name})" if slots(out) else ""
+    raise UsageError(f"--output-dir {label} is not empty; pass --overwrite to replace it or --resume to continue its run{kept}")
+
+
+def prepare(cfg) -> RunDir | None:
+    """Check the output directory, take its lock (rank 0) and re-check under it. None: nothing to do (finished run
+    resumed). Every refusal is a UsageError (exit 2) raised before any model or data is loaded."""
+    out = Path(cfg.output_dir).expanduser()
+    label = cfg.output_dir
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output-dir {label} is a file")
+    if not is_rank0():  # other ranks only read; rank 0 locks, moves and writes
+        return RunDir(out, label, overwrite=cfg.overwrite, created=False, lock=None) if _check(cfg, out) else None
+    recovering = needs_recovery(out)
+    if not recovering and not _check(cfg, out):
+        return None  # read-only: a finished run's directory is not touched
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--output-dir {label} cannot be created: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"--output-dir {label} is not writable")
+    lock = Lock(out)
+    run_dir = RunDir(out, label, overwrite=cfg.overwrite, created=created, lock=lock)
+    try:
+        note = lock.acquire(label)
+        if note:
+            _note(note)
+        restored = recover(out)
+        if restored:
+            _note(restored)
+        go_on = _check(cfg, out)  # again, under the lock: another run may have finished or started meanwhile
+    except BaseException:
+        run_dir.release()
+        raise
+    if not go_on:
+        run_dir.release()
+        return None
+    return run_dir
