@@ -358,7 +358,7 @@ def load_recipe(path: str) -> dict[str, Any]:
     try:
         node = loader.get_single_node()
         if node is not None and _expanded_nodes(node) > RECIPE_MAX_NODES:
-            raise UsageError(f"recipe {shown} expands to more than {RECIPE_MAX_NODES} values through YAML aliases (&anchor/*alias); a recipe is a flat list of option: value lines")
+            raise UsageError(f"recipe {shown} holds more than {RECIPE_MAX_NODES} values once its YAML aliases (*name) are expanded; a recipe is a flat list of option: value lines")
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

@@ -161,7 +161,7 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
         raise DataError(f"text too short to score: {n} token(s), at least 2 are needed")
     mean = nll_sum / predicted
     return {
-        "perplexity": math.exp(mean) if mean < 700 else math.inf,
+        "perplexity": math.inf if mean >= 700 else math.exp(mean),  # NaN stays NaN
         "nll": mean,
         "tokens": n,
         "predicted_tokens": predicted,
@@ -432,7 +432,7 @@ def _ppl_of(entry: Any) -> float | None:
             return float(entry["perplexity"])
         if entry.get("loss") is not None:  # SFT entry: completion perplexity
             loss = float(entry["loss"])
-            return math.exp(loss) if loss < 700 else math.inf
+            return math.inf if loss >= 700 else math.exp(loss)
         return None
     if isinstance(entry, (int, float)) and not isinstance(entry, bool):
         return float(entry)
