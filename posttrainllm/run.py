@@ -319,7 +319,11 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
 def evaluate(cfg) -> None:
     """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
     from posttrainllm import evaluate as ev
+    from posttrainllm.config import producing_recipe
+    from posttrainllm.models import check_model_ref
 
+    if not Path(cfg.model).expanduser().exists():  # a hub id: offline and not cached is a usage error
+        check_model_ref(cfg.model, hint=producing_recipe(cfg.values, cfg.model))
     model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
     from posttrainllm.models import max_positions
 
