@@ -168,15 +168,19 @@ def nonfinite_parameters(model, limit: int = 3) -> list[str]:
     """Names of (at most `limit`) parameters holding NaN/inf; one device sync per device when all are finite."""
     import torch
 
+    def all_finite(t):  # in chunks: the temporary mask stays small even for a huge embedding matrix
+        parts = [torch.isfinite(c).all() for c in t.reshape(-1).split(1 << 24)]
+        return parts[0] if len(parts) == 1 else torch.stack(parts).all()
+
     named = [(n, p.to_local() if hasattr(p, "to_local") else p) for n, p in model.named_parameters()]
     named = [(n, p.detach()) for n, p in named if p.numel() and p.dtype.is_floating_point]
     by_device: dict = {}
     with torch.no_grad():
         for n, p in named:
-            by_device.setdefault(p.device, []).append(~torch.isfinite(p).all())
-        if not any(bool(torch.stack(flags).any()) for flags in by_device.values()):
+            by_device.setdefault(p.device, []).append(all_finite(p))
+        if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
             return []
-        return [n for n, p in named if not bool(torch.isfinite(p).all())][:limit]
+        return [n for n, p in named if not bool(all_finite(p))][:limit]
 
 
 def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:

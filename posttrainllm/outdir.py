@@ -31,7 +31,8 @@ import socket
 import time
 from pathlib import Path
 
-from posttrainllm.checkpoints import is_rank0, write_json
+from posttrainllm import checkpoints
+from posttrainllm.checkpoints import FINAL_MARKER, MARKER, is_rank0, write_json
 from posttrainllm.errors import UsageError
 
 HIDDEN = ".posttrainllm"
@@ -104,8 +105,6 @@ def only_pre_training_records(out: Path) -> bool:
 
 def has_results(out: Path) -> bool:
     """A complete checkpoint or a finished final save: something a run produced that is worth keeping."""
-    from posttrainllm.checkpoints import FINAL_MARKER, MARKER
-
     if (out / FINAL_MARKER).is_file():
         return True
     return any(CKPT_DIR.match(n) and (out / n / MARKER).is_file() for n in entries(out))
@@ -341,8 +340,6 @@ class RunDir:
 
 def _check(cfg, out: Path) -> bool:
     """Read-only checks. True: go on; False: a --resume of a finished run (nothing to do). Raises UsageError."""
-    from posttrainllm import checkpoints
-
     label = cfg.output_dir
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {label} is a file")

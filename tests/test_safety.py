@@ -69,14 +69,17 @@ def test_overwrite_refuses_to_train_a_finished_run_in_place(finished, corpus):
     assert snapshot(finished) == before
 
 
-@pytest.mark.parametrize("key", ["--dataset", "--eval-dataset"])
+@pytest.mark.parametrize("key", ["--dataset", "--eval-dataset", "--replay-dataset", "--ref-model", "--ood-eval"])
 def test_overwrite_refuses_when_an_input_lives_in_the_output_dir(finished, corpus, tiny_model_dir, key):
     inside = finished / "more.txt"
     inside.write_text(corpus.read_text())
     before = snapshot(finished)
-    extra = ["--eval-dataset", str(inside)] if key == "--eval-dataset" else []
-    data = inside if key == "--dataset" else corpus
-    r = runner.invoke(app, finetune_args(tiny_model_dir, data, finished, "--overwrite", *extra))
+    args = finetune_args(tiny_model_dir, inside if key == "--dataset" else corpus, finished, "--overwrite")
+    extra = {"--eval-dataset": ["--eval-dataset", str(inside)], "--replay-dataset": ["--replay-dataset", str(inside), "--replay-ratio", "0.2"],
+             "--ref-model": ["--ref-model", str(finished / "checkpoint-1")], "--ood-eval": ["--ood-eval", str(inside)]}.get(key, [])
+    if key == "--ref-model":
+        args[0] = "dpo"
+    r = runner.invoke(app, [*args, *extra])
     assert r.exit_code == 2 and key in r.output and "inside --output-dir" in r.output, r.output
     assert snapshot(finished) == before
 
