@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,15 @@ def in_hub_cache(repo_id: str) -> bool:
         return False
 
 
-def check_model_ref(ref: str, what: str = "--model", hint: str | None = None) -> None:
+def check_model_ref(ref: str, what: str = "--model", hint: Callable[[], str | None] | None = None) -> None:
     """Fail early (exit 2) on a local model directory that cannot be a model, and on a hub id that cannot load
-    because the Hub is offline and the cache does not hold it; other hub problems are reported when loading."""
+    because the Hub is offline and the cache does not hold it (`hint()` may add which recipe produces it); other
+    hub problems are reported when loading."""
     p = Path(ref).expanduser()
     if not p.exists():
         if hub_offline() and not in_hub_cache(ref):
-            raise UsageError(f"{what} {ref}: not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)" + (f"; {hint}" if hint else ""))
+            extra = hint() if hint else None
+            raise UsageError(f"{what} {ref}: not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)" + (f"; {extra}" if extra else ""))
         return
     if not p.is_dir():
         raise UsageError(f"{what} {ref} is a file; pass the model directory (with config.json and weights) or a hub id")

@@ -99,8 +99,9 @@ def only_pre_training_records(out: Path) -> bool:
     """True when `out` holds nothing but what a run writes before its first step (a failed start or a dry run)."""
     if slots(out):
         return False
+    listed = manifest(out)
     names = [n for n in entries(out) if n != HIDDEN]
-    return all(n.removesuffix(".tmp") in PRE_TRAINING and not (out / n).is_symlink() for n in names)
+    return all(n.removesuffix(".tmp") in PRE_TRAINING and _is_ours(out, n, listed) for n in names)
 
 
 def has_results(out: Path) -> bool:

@@ -163,9 +163,9 @@ def _train(cfg, run_dir, resume_from) -> None:
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
-    models.check_model_ref(cfg.model, hint=producing_recipe(cfg.values, cfg.model))
+    models.check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.values, cfg.model))
     if cfg.command == "dpo" and cfg.ref_model:
-        models.check_model_ref(cfg.ref_model, "--ref-model", hint=producing_recipe(cfg.values, cfg.ref_model))
+        models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.values, cfg.ref_model))
     notes: list[str] = []
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes)
     notes += _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
@@ -323,7 +323,7 @@ def evaluate(cfg) -> None:
     from posttrainllm.models import check_model_ref
 
     if not Path(cfg.model).expanduser().exists():  # a hub id: offline and not cached is a usage error
-        check_model_ref(cfg.model, hint=producing_recipe(cfg.values, cfg.model))
+        check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.values, cfg.model))
     model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
     from posttrainllm.models import max_positions
 

@@ -92,13 +92,13 @@ class DivergenceGuardMixin:
         self._note_grad_norm(grad_norm)
         c = self.control
         if c.should_log or c.should_save or c.should_evaluate or c.should_training_stop:
-            self._raise_if_diverged(tr_loss, grad_norm)
+            self._raise_if_diverged(tr_loss)
         return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         from posttrainllm.checkpoints import nonfinite_parameters
 
-        self._raise_if_diverged(getattr(self, "_tr_loss", None), None)
+        self._raise_if_diverged(getattr(self, "_tr_loss", None))
         bad = nonfinite_parameters(self.model)
         if bad:
             raise TrainingError(self._divergence_message(f"the weights hold NaN/inf values ({', '.join(bad)}, ...)"))
@@ -115,7 +115,7 @@ class DivergenceGuardMixin:
         elif not math.isfinite(float(grad_norm)):
             self._nf_grad_host = True
 
-    def _raise_if_diverged(self, tr_loss, grad_norm) -> None:
+    def _raise_if_diverged(self, tr_loss) -> None:
         import torch
 
         flags = []
