@@ -547,3 +547,14 @@ def test_a_recipe_whose_model_is_an_earlier_recipes_output_says_which(alpaca_fil
     assert r.exit_code == 2, r.output
     assert "Hub is offline" in r.output and "shakespeare-pretrain.yaml" in r.output
     assert "posttrainllm pretrain --recipe recipes/shakespeare-pretrain.yaml" in r.output
+
+
+def test_demo_overwrite_refuses_a_directory_holding_files_it_did_not_write(tmp_path):
+    out = tmp_path / "demo"
+    (out / "base").mkdir(parents=True)
+    (out / "base" / "weights.bin").write_text("a previous demo")
+    (out / "my-results.csv").write_text("not the demo's")
+    before = snapshot(out)
+    r = runner.invoke(app, ["demo", "--quick", "--overwrite", "--output-dir", str(out)])
+    assert r.exit_code == 2 and "my-results.csv" in r.output, r.output
+    assert snapshot(out) == before
