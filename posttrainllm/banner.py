@@ -10,10 +10,28 @@ from rich.table import Table
 console = Console(highlight=False, soft_wrap=True)
 
 
-def fmt_lr(x: float | None) -> str:
-    from posttrainllm.llrd import format_lr
+def format_lr(x: float) -> str:
+    """3 significant digits, trailing zeros dropped, e-notation below 1e-2 (e.g. 2.32e-06, 3e-05, 0.5): enough that
+    the printed block_0/head ratio matches γ^(N-1) to better than 0.5%."""
+    if x == 0 or abs(x) >= 1e-2:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
 
+
+def fmt_lr(x: float | None) -> str:
     return "-" if x is None else format_lr(x)
+
+
+def summary_line(plan) -> str:
+    """`γ=0.95 → block_0 LR=2.57e-05, head LR=3e-05` (the lowest block's LR, clamp included, and the head's)."""
+    if not plan.structure_found:
+        return f"γ={plan.gamma:g} (flat: block list not resolved) → all LR={format_lr(plan.base_lr)}"
+    low = plan.base_lr * max(plan.gamma ** (plan.num_layers - 1), plan.min_scale)
+    text = f"γ={plan.gamma:g} → block_0 LR={format_lr(low)}, head LR={format_lr(plan.base_lr)}"
+    if plan.frozen_param_names:
+        text += f", {len(plan.frozen_param_names)} tensors frozen (scale < {plan.freeze_below:g})"
+    return text
 
 
 def fmt_count(n: int) -> str:
@@ -32,7 +50,7 @@ def fmt_bytes(n: int) -> str:
 
 def llrd_row(plan) -> str:
     """`LR layer-decay: γ=0.95 → block_0 LR=2.3e-06, head LR=3e-05`."""
-    return f"LR layer-decay: {plan.summary_line()}"
+    return f"LR layer-decay: {summary_line(plan)}"
 
 
 def tied_row(plan) -> str | None:

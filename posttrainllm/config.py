@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from posttrainllm.constants import TIED_POLICIES
 from posttrainllm.errors import ConfigErrors, UsageError
 
 TRAIN_COMMANDS = ("sft", "dpo", "finetune")
@@ -24,7 +25,6 @@ LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-TIED_POLICIES = ("embedding", "head")  # mirrors posttrainllm.llrd.TIED_POLICIES (kept here to stay torch-free)
 
 
 # ----------------------------------------------------------------------------------------------------------------

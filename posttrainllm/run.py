@@ -13,21 +13,39 @@ from pathlib import Path
 
 from posttrainllm import banner, checkpoints
 from posttrainllm.checkpoints import is_rank0, write_json
-from posttrainllm.errors import UsageError
+from posttrainllm.errors import ModelStructureError, UsageError
 
 TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
 
 
-def llrd_settings(cfg) -> dict:
-    """Keyword arguments for llrd.build_param_groups from the run config (pretrain's key is lr_layer_decay)."""
-    return dict(
-        gamma=cfg.gamma,
-        weight_decay=cfg.weight_decay,
-        tied_policy=cfg.tied_embeddings,
-        min_scale=cfg.llrd_min_scale,
-        freeze_below=cfg.llrd_freeze_below,
-        block_path=cfg.llrd_blocks,
-    )
+def plan_param_groups(cfg, model):
+    """The run's one LLRD plan (llrd.build_param_groups), with freezing applied; library errors get the CLI's words.
+
+    The plan printed in the banner and saved as param_groups.json is the plan the trainer's optimizer receives."""
+    from posttrainllm import llrd
+
+    try:
+        plan = llrd.build_param_groups(
+            model,
+            cfg.lr,
+            cfg.gamma,
+            cfg.weight_decay,
+            tied_policy=cfg.tied_embeddings,
+            min_scale=cfg.llrd_min_scale,
+            freeze_below=cfg.llrd_freeze_below,
+            block_path=cfg.llrd_blocks,
+        )
+    except llrd.BlockStructureError as e:
+        example = e.candidates[0][0] if e.candidates else "model.layers"
+        raise ModelStructureError(
+            f"LLRD: {e}. Fix: name the block list with --llrd-blocks PATH (recipe key `llrd_blocks`), "
+            f"e.g. --llrd-blocks {example}; or use γ = 1 (no layer-wise decay)"
+        ) from None
+    except ValueError as e:
+        flag = "--llrd-blocks" if cfg.llrd_blocks and "block list" in str(e) else "layer-wise LR decay settings"
+        raise UsageError(f"{flag}: {e}") from None
+    llrd.apply_freeze(plan)
+    return plan
 
 
 def _prepare_output(cfg) -> Path | None:
@@ -133,7 +151,6 @@ def train(cfg) -> None:
 
     from posttrainllm import models
     from posttrainllm.data import describe
-    from posttrainllm.llrd import build_param_groups
     from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
@@ -153,7 +170,7 @@ def train(cfg) -> None:
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
 
-    plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
+    plan = plan_param_groups(cfg, model)
     notes += [n for n in (prepared.template_note,) if n]
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
@@ -174,15 +191,15 @@ def train(cfg) -> None:
         return
 
     before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
-    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, ref_model=ref_model, before=before)
+    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, plan, ref_model=ref_model, before=before)
 
 
-def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, *, ref_model=None, before=None) -> None:
+def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, plan, *, ref_model=None, before=None) -> None:
     from posttrainllm.trainers import build_trainer
 
     guard = checkpoints.InterruptGuard()
     callbacks = [checkpoints.make_callback(guard)]
-    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, llrd_settings=llrd_settings(cfg), ref_model=ref_model, callbacks=callbacks)
+    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, plan=plan, ref_model=ref_model, callbacks=callbacks)
     t0 = time.time()
     with guard:
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -222,7 +239,6 @@ def pretrain(cfg) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from posttrainllm import data, models
-    from posttrainllm.llrd import build_param_groups
     from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
@@ -240,7 +256,7 @@ def pretrain(cfg) -> None:
     prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples)
     config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
     model = AutoModelForCausalLM.from_config(config)
-    plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
+    plan = plan_param_groups(cfg, model)
     info = {
         "model": f"from scratch: {cfg.model_config} ({config.model_type}, {plan.num_layers} blocks, {banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
         "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens, trained on the corpus",
@@ -254,7 +270,7 @@ def pretrain(cfg) -> None:
         return
     if is_rank0():
         tokenizer.save_pretrained(str(tok_dir))
-    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from)
+    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from, plan)
 
 
 def evaluate(cfg) -> None:

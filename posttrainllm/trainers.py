@@ -10,33 +10,39 @@ import os
 from typing import Any
 
 from posttrainllm.errors import DataError, ModelError, UsageError
-from posttrainllm.llrd import build_param_groups
 
 
 class LLRDMixin:
-    """Mixed in before a transformers/TRL trainer class.
+    """Mixed in before a transformers/TRL trainer class; `llrd_plan` is the run's one plan (llrd.LLRDPlan).
 
-    `llrd_settings` holds the keyword arguments of `build_param_groups` except the base LR (taken from
-    `args.learning_rate`). The optimizer class and its kwargs come from the user's `--optim` via
-    `get_optimizer_cls_and_kwargs`, so fused/foreach AdamW, Adafactor, 8-bit AdamW... all get our groups;
-    optimizers that build their own groups (GaLore, LOMO, Muon...) are refused when γ < 1.
+    The optimizer gets the plan's groups (re-mapped by name onto the trainer's model when it wraps it), with the
+    optimizer class and kwargs from the user's `--optim` via `get_optimizer_cls_and_kwargs`, so fused/foreach
+    AdamW, Adafactor, 8-bit AdamW... all get our groups. Optimizers that build their own groups (GaLore, LOMO,
+    Muon...) are refused when the plan scales any depth, and get transformers' own setup when it does not.
     """
 
-    llrd_settings: dict[str, Any] | None = None
     llrd_plan = None
 
     def create_optimizer(self, model=None):
-        if self.optimizer is not None or not _llrd_active(self.llrd_settings):
-            # γ = 1 without clamp/freeze: transformers' own two-group AdamW, exactly a flat run
+        plan = self.llrd_plan
+        if self.optimizer is not None or plan is None:
             return super().create_optimizer(model)
         opt_model = self.model if model is None else model
-        plan = build_param_groups(opt_model, self.args.learning_rate, **self.llrd_settings)
         optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         if not inspect.isclass(optimizer_cls) or {"params", "model", "optimizer_dict"} & set(kwargs):
-            raise UsageError(f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd")
-        _check_same_groups_on_every_rank(plan)
-        self.optimizer = optimizer_cls(plan.groups, **kwargs)
-        self.llrd_plan = plan
+            if plan.depth_scaled:
+                raise UsageError(
+                    f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR "
+                    "decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd"
+                )
+            return super().create_optimizer(model)
+        try:
+            groups = plan.groups_for(opt_model)
+        except ValueError as e:
+            raise ModelError(f"the trainer's model differs from the planned one: {e}") from None
+        groups = _split_by_device_mesh(groups)
+        _check_same_groups_on_every_rank(groups)
+        self.optimizer = optimizer_cls(groups, **kwargs)
         return self.optimizer
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -63,21 +69,37 @@ class LLRDMixin:
             sched._last_lr = [g["lr"] for g in groups]
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        # HF logs only group 0's LR (the embeddings when LLRD is on): add the smallest and largest group LR at the
-        # same point of the schedule (every group follows the same schedule, so scale by the initial ratios).
+        # HF logs group 0's LR, which is the embeddings' under layer decay. Log the base (head) LR as
+        # `learning_rate`, plus the smallest and largest group LR at the same point of the schedule (every group
+        # follows the same schedule, so the current LRs keep the initial ratios).
         if self.optimizer is not None and "learning_rate" in logs:
             initial = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
             if initial and initial[0] > 0:
-                logs["lr_min"] = logs["learning_rate"] * min(initial) / initial[0]
-                logs["lr_max"] = logs["learning_rate"] * max(initial) / initial[0]
+                now = logs["learning_rate"] / initial[0]  # the schedule factor at this step
+                base = self.llrd_plan.base_lr if self.llrd_plan is not None else max(initial)
+                logs["learning_rate"] = base * now
+                logs["lr_min"] = min(initial) * now
+                logs["lr_max"] = max(initial) * now
         super().log(logs, *args, **kwargs)
 
 
-def _llrd_active(settings: dict[str, Any] | None) -> bool:
-    return bool(settings) and (settings.get("gamma", 1.0) < 1.0 or settings.get("min_scale", 0) > 0 or settings.get("freeze_below", 0) > 0)
+def _split_by_device_mesh(groups: list[dict]) -> list[dict]:
+    """Parameters on different device meshes (FSDP2 on a 2-D mesh, expert parallelism) cannot share one
+    fused/foreach kernel call: give each mesh its own group, as transformers does for its own groups."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return groups
+    out = []
+    for g in groups:
+        meshes: dict = {}
+        for p in g["params"]:
+            meshes.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+        out.extend({**g, "params": params} for params in meshes.values())
+    return out
 
 
-def _check_same_groups_on_every_rank(plan) -> None:
+def _check_same_groups_on_every_rank(groups: list[dict]) -> None:
     """Under DDP/FSDP every rank must build identical groups (names, LRs, parameter shapes), or ranks diverge."""
     import torch.distributed as dist
 
@@ -85,7 +107,7 @@ def _check_same_groups_on_every_rank(plan) -> None:
         return
     import hashlib
 
-    desc = [(g["name"], g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in plan.groups]
+    desc = [(g["name"], g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in groups]
     mine = hashlib.sha256(repr(desc).encode()).hexdigest()
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -166,7 +188,7 @@ def _filter_kwargs(config_cls, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in fields}
 
 
-def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, llrd_settings: dict[str, Any], ref_model=None, callbacks=()):
+def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=()):
     """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed."""
     has_eval = eval_ds is not None
     args = common_args(cfg, precision, has_eval=has_eval)
@@ -174,23 +196,23 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
         from trl import SFTConfig, SFTTrainer
 
         conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=None)
-        cls = type("LLRDSFTTrainer", (LLRDMixin, SFTTrainer), {"llrd_settings": llrd_settings})
+        cls = type("LLRDSFTTrainer", (LLRDMixin, SFTTrainer), {"llrd_plan": plan})
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     elif kind == "dpo":
         from trl import DPOConfig, DPOTrainer
 
         conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length)
-        cls = type("LLRDDPOTrainer", (LLRDMixin, DPOTrainer), {"llrd_settings": llrd_settings})
+        cls = type("LLRDDPOTrainer", (LLRDMixin, DPOTrainer), {"llrd_plan": plan})
         trainer = cls(model=model, ref_model=ref_model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     elif kind == "causal_lm":
         from transformers import Trainer, TrainingArguments, default_data_collator
 
         conf = TrainingArguments(**_filter_kwargs(TrainingArguments, args))
-        cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_settings": llrd_settings})
+        cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_plan": plan})
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
     else:  # pragma: no cover - programming error
         raise ValueError(kind)
-    check_distributed_engine(trainer, llrd_active=_llrd_active(llrd_settings))
+    check_distributed_engine(trainer, llrd_active=plan.depth_scaled)
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer
