@@ -159,7 +159,6 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
-        save_safetensors=True,
         logging_steps=cfg.logging_steps,
         logging_first_step=True,
         eval_strategy=("steps" if eval_steps else "no") if has_eval else "no",
@@ -183,35 +182,56 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _filter_kwargs(config_cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+def make_config(config_cls, **kwargs: Any):
+    """`config_cls(**kwargs)` where every keyword must be a field of the installed class: an unknown one (a renamed
+    or removed transformers/TRL argument) is an error naming it and the closest fields, never dropped silently."""
+    import difflib
+
     fields = set(getattr(config_cls, "__dataclass_fields__", {}))
-    return {k: v for k, v in kwargs.items() if k in fields}
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        hints = "; ".join(f"{k} (closest: {', '.join(difflib.get_close_matches(k, fields, 3)) or 'none'})" for k in unknown)
+        raise UsageError(f"{config_cls.__name__} of the installed version has no argument {hints}")
+    return config_cls(**kwargs)
+
+
+def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
+    """The SFTConfig / DPOConfig / TrainingArguments of a run; every argument must exist in the installed version."""
+    args = common_args(cfg, precision, has_eval=has_eval)
+    if kind == "sft":
+        from trl import SFTConfig
+
+        return make_config(SFTConfig, **args, max_length=cfg.max_length, packing=False, dataset_num_proc=None)
+    if kind == "dpo":
+        from trl import DPOConfig
+
+        return make_config(DPOConfig, **args, beta=cfg.beta, max_length=cfg.max_length)
+    if kind == "causal_lm":
+        from transformers import TrainingArguments
+
+        return make_config(TrainingArguments, **args)
+    raise ValueError(kind)  # pragma: no cover - programming error
 
 
 def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=()):
-    """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed."""
-    has_eval = eval_ds is not None
-    args = common_args(cfg, precision, has_eval=has_eval)
+    """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed and the run's plan."""
+    conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None)
+    common = dict(args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     if kind == "sft":
-        from trl import SFTConfig, SFTTrainer
+        from trl import SFTTrainer
 
-        conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=None)
         cls = type("LLRDSFTTrainer", (LLRDMixin, SFTTrainer), {"llrd_plan": plan})
-        trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
+        trainer = cls(model=model, **common)
     elif kind == "dpo":
-        from trl import DPOConfig, DPOTrainer
+        from trl import DPOTrainer
 
-        conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length)
         cls = type("LLRDDPOTrainer", (LLRDMixin, DPOTrainer), {"llrd_plan": plan})
-        trainer = cls(model=model, ref_model=ref_model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
-    elif kind == "causal_lm":
-        from transformers import Trainer, TrainingArguments, default_data_collator
+        trainer = cls(model=model, ref_model=ref_model, **common)
+    else:
+        from transformers import Trainer, default_data_collator
 
-        conf = TrainingArguments(**_filter_kwargs(TrainingArguments, args))
         cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_plan": plan})
-        trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
-    else:  # pragma: no cover - programming error
-        raise ValueError(kind)
+        trainer = cls(model=model, data_collator=default_data_collator, **common)
     check_distributed_engine(trainer, llrd_active=plan.depth_scaled)
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")

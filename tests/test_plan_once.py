@@ -183,3 +183,28 @@ def test_logged_learning_rate_is_the_base_lr_not_group_0s(tiny_model_dir, text_f
     logs = [h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
     assert logs and all(h["learning_rate"] == pytest.approx(1e-3) for h in logs)
     assert all(h["lr_min"] == pytest.approx(1e-3 * 0.5**3) and h["lr_max"] == pytest.approx(1e-3) for h in logs)
+
+
+@pytest.mark.parametrize("command,kind", [("sft", "sft"), ("dpo", "dpo"), ("finetune", "causal_lm"), ("pretrain", "causal_lm")])
+def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versions(command, kind, tmp_path):
+    from posttrainllm.config import resolve
+    from posttrainllm.trainers import trainer_config
+
+    values = {"dataset": "org/data", "output_dir": str(tmp_path / "o"), "eval_steps": "5", "gradient_checkpointing": True}
+    if command != "pretrain":
+        values["model"] = "org/model"
+    cfg = resolve(command, values)
+    for has_eval in (False, True):
+        conf = trainer_config(kind, cfg, "fp32", has_eval=has_eval)
+        assert conf.learning_rate == cfg.lr and conf.output_dir == cfg.output_dir
+        assert conf.activation_checkpointing is True
+
+
+def test_an_unknown_trainer_keyword_is_an_error_not_dropped():
+    from transformers import TrainingArguments
+
+    from posttrainllm.errors import UsageError
+    from posttrainllm.trainers import make_config
+
+    with pytest.raises(UsageError, match=r"no argument save_safetensor \(closest: .*save_steps"):
+        make_config(TrainingArguments, output_dir="o", save_safetensor=True)
