@@ -30,7 +30,13 @@ def summary_line(plan) -> str:
     low = plan.base_lr * max(plan.gamma ** (plan.num_layers - 1), plan.min_scale)
     text = f"γ={plan.gamma:g} → block_0 LR={format_lr(low)}, head LR={format_lr(plan.base_lr)}"
     if plan.frozen_param_names:
-        text += f", {len(plan.frozen_param_names)} tensors frozen (scale < {plan.freeze_below:g})"
+        why = f"scale < {plan.freeze_below:g}" if plan.freeze_below > 0 else "LR factor 0"
+        text += f", {len(plan.frozen_param_names)} tensors frozen ({why})"
+    extras = [f"{pattern}×{factor:g}" for pattern, factor in plan.lr_groups.items()]
+    if plan.loraplus_ratio != 1.0:
+        extras.append(f"LoRA+ B×{plan.loraplus_ratio:g}")
+    if extras:
+        text += f"; LR factors: {', '.join(extras)}"
     return text
 
 
@@ -61,13 +67,20 @@ def tied_row(plan) -> str | None:
 
 
 def block_table(plan) -> Table:
+    """One row per depth; a "× factors" column when --lr-group / --loraplus-ratio put extra factors on top."""
     t = Table(title="per-block learning rates", title_justify="left", show_edge=False, pad_edge=False)
-    for col, just in (("block", "left"), ("params", "right"), ("LR", "right"), ("scale", "right"), ("weight decay", "right"), ("frozen", "left")):
+    with_factors = any(r.get("factors") for r in plan.rows)
+    cols = [("block", "left"), ("params", "right"), ("LR", "right"), ("scale", "right")]
+    cols += [("× factors", "left")] if with_factors else []
+    cols += [("weight decay", "right"), ("frozen", "left")]
+    for col, just in cols:
         t.add_column(col, justify=just)
     for r in plan.rows:
         name = r["block"] + (" (tied)" if r.get("tied") else "")
         frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
-        t.add_row(name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}", f"{r['weight_decay']:g}", frozen)
+        cells = [name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}"]
+        cells += [", ".join(r.get("factors", []))] if with_factors else []
+        t.add_row(*cells, f"{r['weight_decay']:g}", frozen)
     return t
 
 

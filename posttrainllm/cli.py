@@ -60,7 +60,7 @@ def _typer_param(o: Opt) -> inspect.Parameter:
     help_text = o.help + (" [required]" if o.required else "")
     if o.type is bool:
         ann = Annotated[Optional[bool], typer.Option(o.cli_flag, help=help_text, show_default=False, rich_help_panel=o.panel)]
-    elif o.type is list:
+    elif o.type in (list, dict):
         ann = Annotated[Optional[list[str]], typer.Option(o.cli_flag, help=help_text, metavar=o.metavar, show_default=False, rich_help_panel=o.panel)]
     else:
         shown = None if o.default is None else str(o.default)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +56,19 @@ def llrd_range(v):
     return None
 
 
+def lr_factor(item):
+    pattern, factor = item
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f"pattern {_clip(pattern)!r} is not a valid regular expression ({e})"
+    return None if math.isfinite(factor) and factor >= 0 else f"factor of {_clip(pattern)!r} must be a finite number >= 0 (0 freezes)"
+
+
+def _clip(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def positive_int(v):
     return None if v > 0 else "must be a positive integer"
 
@@ -76,7 +90,7 @@ class Opt:
     """One option: its recipe key is `name`, its flag is `--name-with-dashes` (or `flag`)."""
 
     name: str
-    type: type  # float, int, str, bool, list
+    type: type  # float, int, str, bool, list, dict (repeatable KEY=VALUE on the command line, a mapping in recipes)
     default: Any
     help: str
     commands: tuple[str, ...]
@@ -114,6 +128,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("llrd_min_scale", float, 0.0, "Clamp: no block trains below lr×SCALE.", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
     Opt("llrd_freeze_below", float, 0.0, "Freeze parameters whose LR scale is below SCALE (no optimizer state).", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
     Opt("llrd_blocks", str, None, "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).", TRP, metavar="PATH", panel="Layer-wise LR decay"),
+    Opt("lr_groups", dict, {}, "Multiply the LR of parameters whose name matches the regex PATTERN by FACTOR, on top of their depth's scale: lr = base × γ^(N-1-i) × FACTOR (repeatable; FACTOR 0 freezes; recipe key lr_groups: a mapping).", TRP, lr_factor, "PATTERN=FACTOR", flag="--lr-group", panel="Layer-wise LR decay"),
+    Opt("loraplus_ratio", float, 1.0, "LoRA+: train LoRA B matrices at RATIO × their block's LR (A matrices at 1×); needs --lora-r. LoRA+ suggests 16.", TR, positive, "RATIO", panel="LoRA"),
     Opt("tied_embeddings", str, "head", "LR of a tied input/output embedding matrix: 'head' (base LR, the measured default) or 'embedding' (decayed like block 0).", TRP, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
     # optimisation
     Opt("lr", float, None, "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.", TRP, positive, "FLOAT"),
@@ -215,6 +231,20 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             if isinstance(raw, str) and raw.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
                 return raw.lower() in ("true", "yes", "1", "on"), None
             raise ValueError
+        if t is dict:
+            items = list(raw.items()) if isinstance(raw, dict) else raw if isinstance(raw, (list, tuple)) else [raw]
+            out = {}
+            for item in items:
+                if isinstance(item, tuple):
+                    key, value = item
+                elif isinstance(item, str) and "=" in item:
+                    key, value = item.rsplit("=", 1)
+                else:
+                    raise ValueError
+                if not isinstance(key, str) or not key or isinstance(value, bool) or isinstance(value, (dict, list)):
+                    raise ValueError
+                out[key] = float(value)
+            return out, None
         if t is list:
             if isinstance(raw, (list, tuple)):
                 if not all(isinstance(x, (str, int, float)) for x in raw):
@@ -241,7 +271,8 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             return str(raw), None
     except (TypeError, ValueError):
         pass
-    kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string"}[t]
+    kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string",
+            dict: "PATTERN=FACTOR entries (a mapping in recipes)"}[t]
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
     return None, f"{where}: expected {kind}{extra}, got {raw!r}"
 
@@ -279,7 +310,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, o in opts.items():
-        values[name] = list(o.default) if isinstance(o.default, list) else o.default
+        values[name] = type(o.default)(o.default) if isinstance(o.default, (list, dict)) else o.default
         sources[name] = "default"
 
     recipe_path = cli_values.get("recipe")
@@ -303,7 +334,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
     for key, raw in cli_values.items():
         if raw is None or key not in opts:
             continue
-        if opts[key].type is list and raw == []:
+        if opts[key].type in (list, dict) and raw == []:
             continue
         v, problem = _coerce(opts[key], raw, "cli")
         if problem:
@@ -318,7 +349,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
                 problems.append(f"missing {o.cli_flag} (or recipe key '{name}')")
             continue
         if o.check is not None and sources[name] != "default":
-            items = v if isinstance(v, list) else [v]
+            items = v if isinstance(v, list) else list(v.items()) if isinstance(v, dict) else [v]
             for item in items:
                 problem = o.check(item)
                 if problem:
@@ -360,6 +391,8 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for key in ("lora_alpha", "lora_dropout"):
         if v.get(key) and not v.get("lora_r"):
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")
+    if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
+        problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
     for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):

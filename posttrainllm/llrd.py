@@ -17,6 +17,15 @@ and every depth trains at ``base_lr * scale`` with
 Worked example, N = 4, gamma = 0.5, base_lr = 1e-3: block_3 1e-3, block_2 5e-4, block_1 2.5e-4,
 block_0 and embeddings 1.25e-4, head 1e-3.
 
+Two more factors compose with the depth scale, by what a parameter is rather than where it sits:
+
+    lr = base_lr * depth_scale * pattern_factor * loraplus_factor
+
+``lr_groups={"mlp": 0.5}`` multiplies every parameter whose (wrapper-stripped) name matches the regex ``mlp`` by
+0.5 (a factor 0 freezes); ``loraplus_ratio=16`` trains LoRA's B matrices (``lora_B``, ``lora_embedding_B``) at 16x
+their depth's LR (LoRA+, Hayou et al. 2024). E.g. N = 4, gamma = 0.5, base_lr = 1e-3, ``lr_groups={"mlp": 0.5}``:
+``layers.1.mlp.up_proj.weight`` trains at 1e-3 * 0.5**2 * 0.5 = 1.25e-4.
+
 Use in your own training loop::
 
     from posttrainllm import build_param_groups
@@ -108,6 +117,8 @@ _NO_DECAY_TOKENS = re.compile(
 # Non-block parameters registered "out of order" (OPT defines final_layer_norm/project_out before its layers).
 _AFTER_HINT = re.compile(r"(?:^|\.)(?:final_layer_?norm|final_norm|norm_f|ln_f|project_out|lm_head|embed_out)(?:\.|$)")
 _BEFORE_HINT = re.compile(r"(?:^|\.)(?:embed(?!_out)\w*|\w*embeddings?|wte|wpe|project_in|cls_token)(?:\.|$)")
+# LoRA+ (Hayou et al., 2024): the B matrices of LoRA adapters (PEFT names them lora_B / lora_embedding_B).
+_LORA_B = re.compile(r"(?:^|\.)lora_(?:embedding_)?B(?:\.|$)")
 # A chosen block list holding less than this share of the non-embedding parameters is not trusted.
 _MIN_BLOCK_SHARE = 0.5
 
@@ -132,10 +143,11 @@ def layer_decay_requested(gamma: float = 1.0, min_scale: float = 0.0, freeze_bel
 class LLRDPlan:
     """The optimizer groups plus what a run report needs. ``groups`` goes straight into the optimizer.
 
-    Each group is ``{"params", "lr", "weight_decay", "name", "scale", "depth"}`` with the absolute ``lr``. When
-    every depth trains at the base LR (``depth_scaled`` is False) the groups are ``all`` / ``all.no_decay`` (as
-    a flat AdamW would have them); otherwise one group per depth and decay setting (``block_3``,
-    ``block_3.no_decay``, ...), never an empty one.
+    Each group is ``{"params", "lr", "weight_decay", "name", "scale", "depth", "depth_scale", "pattern",
+    "factor", "loraplus"}`` with the absolute ``lr = base_lr * depth_scale * factor * loraplus`` and
+    ``scale = lr / base_lr``. When every depth trains at the base LR the depths share groups (``all``,
+    ``all.no_decay``, as a flat AdamW has them); otherwise there is one group per depth, LR-factor combination and
+    decay setting (``block_3``, ``block_3+mlp``, ``block_3+loraplus.no_decay``, ...), never an empty one.
 
     ``rows`` has one entry per depth (embeddings, block_0 .. block_{N-1}, head), always all N + 2 of them:
     ``n_params``/``n_tensors`` count the trainable parameters, those planned frozen included; a row whose
@@ -162,16 +174,20 @@ class LLRDPlan:
     warnings: list[str] = field(default_factory=list)
     structure_found: bool = True
     hierarchical: bool = False
+    lr_groups: dict[str, float] = field(default_factory=dict)
+    loraplus_ratio: float = 1.0
     frozen_params: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     @property
-    def depth_scaled(self) -> bool:
-        """True when some depth trains at another LR than the base LR, or some parameters are frozen by scale."""
-        return any(r["scale"] != 1.0 for r in self.rows) or bool(self.frozen_param_names)
+    def lr_scaled(self) -> bool:
+        """True when some trainable parameter gets another LR than the base LR, or some are frozen by the plan: the
+        one predicate for "layer decay (or an LR factor) is active"."""
+        return any(g["lr"] != self.base_lr for g in self.groups) or bool(self.frozen_param_names)
 
     def to_json(self) -> list[dict]:
-        """Groups without tensors (``param_groups.json``)."""
-        keys = ("name", "lr", "weight_decay", "scale", "depth")
+        """Groups without tensors (``param_groups.json``): name, lr, weight_decay, scale (= lr / base_lr), depth,
+        and the factors of the composition: depth_scale, pattern (or None), factor, loraplus; then params."""
+        keys = ("name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor", "loraplus")
         return [{**{k: g[k] for k in keys}, "params": list(self.param_names[g["name"]])} for g in self.groups]
 
     def lr_of(self, name: str) -> float:
@@ -498,6 +514,36 @@ def _decay_mask(model: nn.Module, weight_decay: float) -> set[int]:
     return decay
 
 
+def _pattern_factors(model: nn.Module, lr_groups: dict[str, float]) -> dict[int, tuple[str, float]]:
+    """(pattern, factor) of every parameter matched by one of the ``lr_groups`` regexes (searched in the
+    wrapper-stripped name). A parameter matched by two patterns, or a pattern matching nothing, is a ValueError."""
+    compiled = []
+    for pattern, factor in lr_groups.items():
+        try:
+            compiled.append((pattern, re.compile(pattern), factor))
+        except re.error as e:
+            raise ValueError(f"LR group pattern {pattern!r} is not a valid regular expression: {e}") from None
+    found: dict[int, tuple[str, float]] = {}
+    hits = {pattern: 0 for pattern in lr_groups}
+    names = []
+    for name, p in model.named_parameters():
+        plain = strip_wrappers(name)
+        names.append(plain)
+        matched = [(pattern, factor) for pattern, rx, factor in compiled if rx.search(plain)]
+        if len(matched) > 1:
+            both = " and ".join(repr(m[0]) for m in matched)
+            raise ValueError(f"parameter {plain} matches LR group patterns {both}; make the patterns disjoint")
+        if matched:
+            found[id(p)] = matched[0]
+            hits[matched[0][0]] += 1
+    unmatched = [pattern for pattern, n in hits.items() if n == 0]
+    if unmatched:
+        raise ValueError(
+            f"LR group pattern {unmatched[0]!r} matches no parameter; parameter names look like: {_first(names, 6)}"
+        )
+    return found
+
+
 def _check_args(base_lr, gamma, weight_decay, tied_policy, min_scale, freeze_below) -> None:
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -529,6 +575,8 @@ def build_param_groups(
     min_scale: float = 0.0,
     freeze_below: float = 0.0,
     block_path: str | None = None,
+    lr_groups: dict[str, float] | None = None,
+    loraplus_ratio: float = 1.0,
 ) -> LLRDPlan:
     """Optimizer param groups with layer-wise LR decay: ``torch.optim.AdamW(plan.groups)``.
 
@@ -543,11 +591,23 @@ def build_param_groups(
     listed in ``frozen_param_names`` (call ``apply_freeze(plan)`` to set ``requires_grad=False``). The model is
     not changed.
 
+    ``lr_groups`` maps regexes to LR factors (``{"mlp": 0.5, "embed_tokens|wte": 0.1}``; factor 0 freezes);
+    ``loraplus_ratio`` multiplies the LR of LoRA B matrices. Both compose with the depth scale:
+    ``lr = base_lr * depth_scale * factor * loraplus``. The clamp and ``freeze_below`` apply to the depth scale.
+
     If the block list cannot be found: ``BlockStructureError`` when ``layer_decay_requested(gamma, min_scale,
     freeze_below)``; otherwise a flat plan (``structure_found=False``) with a warning. ``block_path`` names the
     block list explicitly (e.g. ``"model.layers"``).
     """
     _check_args(base_lr, gamma, weight_decay, tied_policy, min_scale, freeze_below)
+    lr_groups = dict(lr_groups or {})
+    for pattern, factor in lr_groups.items():
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
+            raise ValueError(f"LR group {pattern!r}: factor must be a finite number >= 0 (0 freezes), got {factor!r}")
+    if isinstance(loraplus_ratio, bool) or not isinstance(loraplus_ratio, (int, float)) or not (
+        math.isfinite(loraplus_ratio) and loraplus_ratio > 0
+    ):
+        raise ValueError(f"loraplus_ratio must be a finite number > 0, got {loraplus_ratio!r}")
     gamma, base_lr, weight_decay = float(gamma), float(base_lr), float(weight_decay)
     min_scale, freeze_below = float(min_scale), float(freeze_below)
     warnings: list[str] = []
@@ -580,11 +640,15 @@ def build_param_groups(
 
     depth, tied = _assign_depths(model, layout, tied_policy)
     decays = _decay_mask(model, weight_decay)
+    patterns = _pattern_factors(model, lr_groups)
+    lora_b = {id(p) for name, p in model.named_parameters() if _LORA_B.search(name)}
+    if loraplus_ratio != 1.0 and not any(p.requires_grad for _, p in model.named_parameters() if id(p) in lora_b):
+        raise ValueError("loraplus_ratio needs LoRA adapters: the model has no trainable lora_B matrix")
     depths = range(n + 2) if layout is not None else range(1)
     per_depth = any(scale_of(d) != 1.0 for d in depths)
 
-    # bucket: (depth or None when every depth has the base LR, decay?) -> [(name, tensor)]
-    buckets: dict[tuple[int | None, bool], list[tuple[str, torch.Tensor]]] = {}
+    # bucket: (depth or None when every depth has the base LR, pattern, LoRA+?, decay?) -> [(name, tensor)]
+    buckets: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
     counts = {d: [0, 0] for d in depths}  # [elements, tensors] of trainable parameters per depth
     frozen_names, frozen_params, saved = [], [], 0
     for name, p in model.named_parameters():
@@ -593,21 +657,27 @@ def build_param_groups(
         d = depth[id(p)]
         counts[d][0] += p.numel()
         counts[d][1] += 1
-        if layout is not None and scale_of(d) < freeze_below:
+        pattern, factor = patterns.get(id(p), (None, 1.0))
+        if (layout is not None and scale_of(d) < freeze_below) or factor == 0:
             frozen_names.append(name)
             frozen_params.append(p)
             saved += 2 * p.numel() * p.element_size()
             continue
-        buckets.setdefault((d if per_depth else None, id(p) in decays), []).append((name, p))
+        key = (d if per_depth else None, pattern, id(p) in lora_b and loraplus_ratio != 1.0, id(p) in decays)
+        buckets.setdefault(key, []).append((name, p))
 
+    order = {pattern: i for i, pattern in enumerate([None, *lr_groups])}
     groups, param_names = [], {}
-    for key in [(d if per_depth else None, decay) for d in (depths if per_depth else [None]) for decay in (True, False)]:
-        members = buckets.get(key)
-        if not members:
-            continue
-        d, decay = key
-        gname = (depth_name(d) if d is not None else "all") + ("" if decay or weight_decay == 0 else ".no_decay")
-        scale = scale_of(d) if d is not None else 1.0
+    for key in sorted(buckets, key=lambda k: (-1 if k[0] is None else k[0], order[k[1]], k[2], not k[3])):
+        d, pattern, plus, decay = key
+        members = buckets[key]
+        gname = depth_name(d) if d is not None else "all"
+        gname += (f"+{pattern}" if pattern is not None else "") + ("+loraplus" if plus else "")
+        gname += "" if decay or weight_decay == 0 else ".no_decay"
+        depth_scale = scale_of(d) if d is not None else 1.0
+        factor = lr_groups[pattern] if pattern is not None else 1.0
+        plus_factor = float(loraplus_ratio) if plus else 1.0
+        scale = depth_scale * factor * plus_factor
         groups.append(
             {
                 "params": [p for _, p in members],
@@ -616,11 +686,25 @@ def build_param_groups(
                 "name": gname,
                 "scale": scale,
                 "depth": d,
+                "depth_scale": depth_scale,
+                "pattern": pattern,
+                "factor": float(factor),
+                "loraplus": plus_factor,
             }
         )
         param_names[gname] = [nm for nm, _ in members]
 
     grouped_depths = {depth[id(p)] for g in groups for p in g["params"]}
+    factors_at: dict[int, set[str]] = {d: set() for d in depths}
+    for g in groups:
+        for p in g["params"]:
+            if g["pattern"] is not None:
+                factors_at[depth[id(p)]].add(f"{g['pattern']}×{g['factor']:g}")
+            if g["loraplus"] != 1.0:
+                factors_at[depth[id(p)]].add(f"LoRA+ B×{g['loraplus']:g}")
+    for name, p in model.named_parameters():
+        if id(p) in patterns and patterns[id(p)][1] == 0 and p.requires_grad:
+            factors_at[depth[id(p)]].add(f"{patterns[id(p)][0]}×0 (frozen)")
     rows = [
         {
             "block": depth_name(d),
@@ -633,6 +717,7 @@ def build_param_groups(
             "frozen": layout is not None and scale_of(d) < freeze_below,
             "tied": tied["tied"] and tied["depth"] == d,
             "trainable": d in grouped_depths,
+            "factors": sorted(factors_at[d]),
         }
         for d in depths
     ]
@@ -663,5 +748,7 @@ def build_param_groups(
         warnings=warnings,
         structure_found=layout is not None,
         hierarchical=layout is not None and layout.hierarchical,
+        lr_groups={k: float(v) for k, v in lr_groups.items()},
+        loraplus_ratio=float(loraplus_ratio),
         frozen_params=frozen_params,
     )

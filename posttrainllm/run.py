@@ -34,6 +34,8 @@ def plan_param_groups(cfg, model):
             min_scale=cfg.llrd_min_scale,
             freeze_below=cfg.llrd_freeze_below,
             block_path=cfg.llrd_blocks,
+            lr_groups=cfg.lr_groups,
+            loraplus_ratio=cfg.values.get("loraplus_ratio", 1.0),
         )
     except llrd.BlockStructureError as e:
         example = e.candidates[0][0] if e.candidates else "model.layers"
@@ -42,8 +44,9 @@ def plan_param_groups(cfg, model):
             f"e.g. --llrd-blocks {example}; or use γ = 1 (no layer-wise decay)"
         ) from None
     except ValueError as e:
-        flag = "--llrd-blocks" if cfg.llrd_blocks and "block list" in str(e) else "layer-wise LR decay settings"
-        raise UsageError(f"{flag}: {e}") from None
+        text = str(e)
+        flag = "--llrd-blocks" if "block list" in text else "--lr-group" if "LR group" in text else "--loraplus-ratio" if "loraplus" in text else "layer-wise LR decay"
+        raise UsageError(f"{flag}: {text}") from None
     llrd.apply_freeze(plan)
     return plan
 

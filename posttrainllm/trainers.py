@@ -30,7 +30,7 @@ class LLRDMixin:
         opt_model = self.model if model is None else model
         optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         if not inspect.isclass(optimizer_cls) or {"params", "model", "optimizer_dict"} & set(kwargs):
-            if plan.depth_scaled:
+            if plan.lr_scaled:
                 raise UsageError(
                     f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR "
                     "decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd"
@@ -232,7 +232,7 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
 
         cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_plan": plan})
         trainer = cls(model=model, data_collator=default_data_collator, **common)
-    check_distributed_engine(trainer, llrd_active=plan.depth_scaled)
+    check_distributed_engine(trainer, llrd_active=plan.lr_scaled)
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer

@@ -418,7 +418,8 @@ def test_json_and_summary_line():
     plan = build_param_groups(Toy(4), 3e-5, 0.95, 0.1)
     data = plan.to_json()
     assert [d["name"] for d in data] == [g["name"] for g in plan.groups]
-    assert set(data[0]) == {"name", "lr", "weight_decay", "scale", "depth", "params"}
+    assert set(data[0]) == {"name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor",
+                            "loraplus", "params"}
     assert all(isinstance(n, str) for d in data for n in d["params"])
     assert summary_line(plan) == "γ=0.95 → block_0 LR=2.57e-05, head LR=3e-05"
     assert plan.lr_of("block_3") == 3e-5
