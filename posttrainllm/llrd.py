@@ -149,7 +149,8 @@ class LLRDPlan:
     ``all.no_decay``, as a flat AdamW has them); otherwise there is one group per depth, LR-factor combination and
     decay setting (``block_3``, ``block_3+mlp``, ``block_3+loraplus.no_decay``, ...), never an empty one.
 
-    ``rows`` has one entry per depth (embeddings, block_0 .. block_{N-1}, head), always all N + 2 of them:
+    ``param_depths`` gives the depth of every parameter (frozen ones too), by name; ``rows[d]["block"]`` names
+    depth ``d``. ``rows`` has one entry per depth (embeddings, block_0 .. block_{N-1}, head), always all N + 2 of them:
     ``n_params``/``n_tensors`` count the trainable parameters, those planned frozen included; a row whose
     parameters are all frozen by the user (e.g. embeddings under LoRA) has ``n_params == 0`` and
     ``trainable == False`` (``trainable`` = the row has parameters in the optimizer).
@@ -176,6 +177,7 @@ class LLRDPlan:
     hierarchical: bool = False
     lr_groups: dict[str, float] = field(default_factory=dict)
     loraplus_ratio: float = 1.0
+    param_depths: dict[str, int] = field(default_factory=dict, repr=False)  # every parameter, trainable or not
     frozen_params: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     @property
@@ -749,6 +751,7 @@ def build_param_groups(
         structure_found=layout is not None,
         hierarchical=layout is not None and layout.hierarchical,
         lr_groups={k: float(v) for k, v in lr_groups.items()},
+        param_depths={name: depth[id(p)] for name, p in model.named_parameters()},
         loraplus_ratio=float(loraplus_ratio),
         frozen_params=frozen_params,
     )
