@@ -76,7 +76,11 @@ class SweepSpec:
         return [Cell(g, lr, r, s) for g in self.gammas for lr in self.lrs for r in self.replay_ratios for s in self.seeds]
 
     def argv(self, cell: Cell) -> list[str]:
-        args = [self.command, *self.passthrough, "--lr", f"{cell.lr:g}", "--seed", str(cell.seed),
+        """The cell's command line. A replay ratio of 0 means no replay, so --replay-dataset is left out."""
+        passthrough = list(self.passthrough)
+        if cell.replay_ratio == 0:
+            passthrough = _without(passthrough, "--replay-dataset")
+        args = [self.command, *passthrough, "--lr", f"{cell.lr:g}", "--seed", str(cell.seed),
                 "--output-dir", str(self.output_dir / "cells" / cell.name)]
         if cell.gamma != 1.0:
             args += ["--llrd", f"{cell.gamma:g}"]
@@ -152,6 +156,18 @@ def parse(command: str, args: list[str]) -> SweepSpec:
     if problems:
         raise ConfigErrors(list(dict.fromkeys(problems)))
     return spec
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    out, skip = [], False
+    for tok in args:
+        if skip:
+            skip = False
+        elif tok == flag:
+            skip = True
+        elif not tok.startswith(flag + "="):
+            out.append(tok)
+    return out
 
 
 def _value(args: list[str], flag: str) -> str | None:

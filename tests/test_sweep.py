@@ -116,3 +116,12 @@ def test_sweep_needs_in_domain_eval_and_ood_files(tiny_model_dir, alpaca_file, t
                             "--output-dir", str(tmp_path / "s")])
     assert r.exit_code == 2
     assert "--eval-split" in r.output and "--ood-eval" in r.output
+
+
+def test_replay_ratio_zero_cells_run_without_the_replay_dataset(tmp_path):
+    from posttrainllm.sweep import Cell, SweepSpec
+
+    spec = SweepSpec("sft", [1.0], [1e-3], [0.0, 0.25], [0], 1, 5.0, tmp_path, ["--model", "m", "--replay-dataset", "r.txt"])
+    no_replay, replay = spec.argv(Cell(1.0, 1e-3, 0.0, 0)), spec.argv(Cell(1.0, 1e-3, 0.25, 0))
+    assert "--replay-dataset" not in no_replay and "--replay-ratio" not in no_replay
+    assert replay[replay.index("--replay-dataset") + 1] == "r.txt" and replay[replay.index("--replay-ratio") + 1] == "0.25"
