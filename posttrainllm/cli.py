@@ -137,6 +137,12 @@ def _eval(cfg):
     run.evaluate(cfg)
 
 
+def _generate(cfg):
+    from posttrainllm import generate
+
+    generate.run(cfg)
+
+
 def _demo(cfg):
     from posttrainllm import demo
 
@@ -148,6 +154,7 @@ _register("sft", "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages
 _register("dpo", "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).", _sft)
 _register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _sft)
 _register("eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval)
+_register("generate", "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.", _generate)
 _register("demo", "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.", _demo)
 
 

@@ -18,7 +18,7 @@ from posttrainllm.constants import TIED_POLICIES
 from posttrainllm.errors import ConfigErrors, UsageError
 
 TRAIN_COMMANDS = ("sft", "dpo", "finetune")
-ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "demo")
+ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "generate", "demo")
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
@@ -121,7 +121,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("ref_model", str, None, "DPO reference model (default: a frozen copy of --model).", ("dpo",), metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("model_config", str, "small", "Preset (tiny, small, base) or a config.json path for the from-scratch model.", ("pretrain",), metavar="PRESET_OR_PATH", panel="Inputs"),
     Opt("vocab_size", int, 4096, "Vocabulary size of the byte-level BPE tokenizer trained on the corpus.", ("pretrain",), positive_int, "N", panel="Inputs"),
-    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", TR + ("eval",), panel="Inputs"),
+    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", TR + ("eval", "generate"), panel="Inputs"),
     # layer-wise LR decay
     Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE}: block i of N trains at lr×γ^(N-1-i). Absent: 1.0 (flat). Bare --llrd: {LLRD_BARE}.", TR, llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
     Opt("lr_layer_decay", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE} for pre-training (same rule as --llrd).", ("pretrain",), llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
@@ -142,7 +142,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("batch_size", int, 8, "Per-device batch size.", TRP, positive_int, "N"),
     Opt("grad_accum", int, 1, "Gradient accumulation steps.", TRP, positive_int, "N"),
     Opt("max_length", int, None, "Maximum sequence length in tokens (default 512; pretrain 256).", TRP + ("eval",), positive_int, "N"),
-    Opt("seed", int, 42, "Random seed.", TRP, None, "N"),
+    Opt("seed", int, 42, "Random seed.", TRP + ("generate",), None, "N"),
     Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
     Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRP, one_of(PRECISIONS), "NAME"),
     Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRP),
@@ -170,6 +170,15 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("json", bool, False, "Print only a JSON object with the results.", ("eval",), panel="Run", recipe=False),
     Opt("eval_batch_size", int, 8, "Windows per forward pass.", ("eval",), positive_int, "N"),
     Opt("quick", bool, False, "Smaller demo (about a minute).", ("demo",), panel="Run"),
+    # generate
+    Opt("prompt", str, None, "Prompt to complete (printed to stdout).", ("generate",), metavar="TEXT", panel="Inputs"),
+    Opt("prompts", str, None, "File of prompts: one per line, or JSON Lines with prompt / messages / instruction; writes JSON Lines.", ("generate",), metavar="FILE", panel="Inputs"),
+    Opt("system", str, None, "System message put before the prompt.", ("generate",), metavar="TEXT", panel="Inputs"),
+    Opt("prompt_format", str, "auto", "auto (the chat template when the tokenizer has one, else plain), chat, alpaca (the template sft uses for Alpaca data) or plain.", ("generate",), one_of(("auto", "chat", "alpaca", "plain")), "FORMAT"),
+    Opt("max_new_tokens", int, 128, "Most tokens to generate per prompt.", ("generate",), positive_int, "N"),
+    Opt("temperature", float, 0.0, "Sampling temperature (0 = greedy).", ("generate",), non_negative, "T"),
+    Opt("top_p", float, 1.0, "Nucleus sampling: keep the smallest token set with this much probability.", ("generate",), unit_interval, "P"),
+    Opt("output", str, None, "With --prompts: write the JSON Lines here instead of stdout.", ("generate",), metavar="FILE", panel="Run"),
     # everywhere
     Opt("recipe", str, None, "YAML recipe: keys are these option names; command-line flags override it.", ALL_COMMANDS[:4] + ("eval",), metavar="FILE", panel="Run", recipe=False),
     Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
@@ -184,7 +193,8 @@ COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "finetune": 512, "pretrain
 
 
 DEMO_OUTPUT = Opt("output_dir", str, "demo-output", "Directory for the demo's data, models and results.", ("demo",), metavar="DIR", panel="Inputs")
-EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT}
+GENERATE_MODEL = Opt("model", str, None, "Model to generate with: a local directory or hub id.", ("generate",), metavar="PATH_OR_HUB_ID", required=True, panel="Inputs")
+EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT, "generate": GENERATE_MODEL}
 
 
 def options_for(command: str) -> list[Opt]:
@@ -393,6 +403,12 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")
     if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
+    if command == "generate" and (v.get("prompt") is None) == (v.get("prompts") is None):
+        problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
+    if command == "generate" and v.get("output") and v.get("prompt") is not None:
+        problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
+    if command == "generate" and v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
+        problems.append(f"--prompts: {v['prompts']} does not exist")
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
     for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):
