@@ -215,7 +215,7 @@ def _version_callback(value: bool):
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = None,
+    version: Annotated[Optional[bool], typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = None,
 ):
     """LLM post-training with layer-wise learning-rate decay."""
 

@@ -26,6 +26,7 @@ LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "all")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -101,6 +102,7 @@ class Opt:
     required: bool = False
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"
+    item: type = float  # dict options: the type of the values (float, or object = kept as given and checked later)
 
     @property
     def cli_flag(self) -> str:
@@ -146,6 +148,10 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
     Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRP, one_of(PRECISIONS), "NAME"),
     Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRP),
+    Opt("report_to", str, "none", "Experiment tracking: none, tensorboard, wandb, trackio or all (per-block LRs are logged as lr/block_i).", TRP, one_of(REPORT_TO), "NAME", panel="Run"),
+    Opt("ddp_timeout", int, 1800, "Seconds a distributed rank waits for the others before failing (transformers' default: 1800).", TRP, positive_int, "SECONDS", panel="Run"),
+    Opt("trainer_args", dict, {}, "Any other SFTConfig / DPOConfig / TrainingArguments field, checked against the installed version (repeatable, e.g. --trainer-arg packing=true; recipe key trainer_args: a mapping).", TRP, metavar="KEY=VALUE", flag="--trainer-arg", item=object),
+    Opt("model_args", dict, {}, "Keyword argument for from_pretrained (repeatable, e.g. --model-arg attn_implementation=sdpa; recipe key model_args: a mapping).", TR, metavar="KEY=VALUE", flag="--model-arg", item=object, panel="Inputs"),
     # LoRA
     Opt("lora_r", int, None, "Train LoRA adapters of this rank instead of all weights (needs `pip install peft`).", TR, positive_int, "R", panel="LoRA"),
     Opt("lora_alpha", float, None, "LoRA alpha (default 2×r).", TR, positive, "FLOAT", panel="LoRA"),
@@ -241,19 +247,23 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             if isinstance(raw, str) and raw.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
                 return raw.lower() in ("true", "yes", "1", "on"), None
             raise ValueError
-        if t is dict:
+        if t is dict:  # KEY=VALUE entries (command line) or a mapping (recipe)
             items = list(raw.items()) if isinstance(raw, dict) else raw if isinstance(raw, (list, tuple)) else [raw]
             out = {}
             for item in items:
                 if isinstance(item, tuple):
                     key, value = item
-                elif isinstance(item, str) and "=" in item:
-                    key, value = item.rsplit("=", 1)
+                elif isinstance(item, str) and "=" in item:  # a pattern may hold "=", a factor never; a value may
+                    key, value = item.rsplit("=", 1) if opt.item is float else item.split("=", 1)
                 else:
                     raise ValueError
-                if not isinstance(key, str) or not key or isinstance(value, bool) or isinstance(value, (dict, list)):
+                if not isinstance(key, str) or not key.strip():
                     raise ValueError
-                out[key] = float(value)
+                if opt.item is float:
+                    if isinstance(value, (bool, dict, list)):
+                        raise ValueError
+                    value = float(value)
+                out[key.strip() if opt.item is not float else key] = value
             return out, None
         if t is list:
             if isinstance(raw, (list, tuple)):
@@ -282,7 +292,7 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
     except (TypeError, ValueError):
         pass
     kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string",
-            dict: "PATTERN=FACTOR entries (a mapping in recipes)"}[t]
+            dict: f"{opt.metavar} entries (a mapping in recipes)"}[t]
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
     return None, f"{where}: expected {kind}{extra}, got {raw!r}"
 

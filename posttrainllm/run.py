@@ -137,13 +137,23 @@ def _mix_blocks(train, replay, ratio: float, seed: int):
     return datasets.concatenate_datasets([train, replay.select(idx.tolist())]).shuffle(seed=seed)
 
 
+def _check_trainer_args(cfg, kind: str, precision: str) -> dict:
+    """--trainer-arg values checked (and the whole trainer config built once) before any model is loaded."""
+    from posttrainllm.trainers import check_trainer_args, trainer_config
+
+    trainer_config(kind, cfg, precision, has_eval=bool(cfg.eval_split or cfg.eval_dataset))
+    return check_trainer_args(kind, cfg.trainer_args or {})
+
+
 def _clamp_max_length(cfg, limit: int | None) -> list[str]:
-    """--max-length above the model's positions would crash models with learned position embeddings: clamp it."""
+    """--max-length above the model's positions would crash models with learned position embeddings: clamp it
+    (with a note when the user asked for more; the default simply becomes the model's limit)."""
     if limit is None or cfg.max_length <= limit:
         return []
+    asked = cfg.sources.get("max_length") != "default"
     note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
     cfg.values["max_length"] = limit
-    return [note]
+    return [note] if asked else []
 
 
 def train(cfg) -> None:
@@ -159,17 +169,19 @@ def train(cfg) -> None:
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
+    trainer_args = _check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
     models.check_model_ref(cfg.model)
+    model_args = models.check_model_args(cfg.model, cfg.model_args, cfg.trust_remote_code)
     if cfg.command == "dpo" and cfg.ref_model:
         models.check_model_ref(cfg.ref_model, "--ref-model")
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
     notes = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
     prepared = _prepare_data(cfg, tokenizer)
-    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args)
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
-        ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model") if cfg.ref_model else copy.deepcopy(model)
+        ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model", model_args=model_args) if cfg.ref_model else copy.deepcopy(model)
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
 
@@ -190,7 +202,8 @@ def train(cfg) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, notes, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval}):
+    resolved = {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args, "model_args": {k: str(v) for k, v in model_args.items()}}
+    if _show_plan(cfg, info, plan, notes, resolved):
         return
 
     before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
@@ -247,6 +260,7 @@ def pretrain(cfg) -> None:
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
+    trainer_args = _check_trainer_args(cfg, "causal_lm", precision)
     models.check_model_config(cfg.model_config)
     texts = [r["text"] for r in data.read_records(cfg.dataset) if isinstance(r.get("text"), str)]
     if not texts:
@@ -269,7 +283,7 @@ def pretrain(cfg) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval}):
+    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args}):
         return
     if is_rank0():
         tokenizer.save_pretrained(str(tok_dir))

@@ -80,6 +80,10 @@ class LLRDMixin:
                 logs["learning_rate"] = base * now
                 logs["lr_min"] = min(initial) * now
                 logs["lr_max"] = max(initial) * now
+                plan = self.llrd_plan
+                if plan is not None and plan.lr_scaled:  # every depth's LR as its own scalar (lr/block_0 ...)
+                    for row in plan.rows:
+                        logs[f"lr/{row['block']}"] = row["lr"] * now
         super().log(logs, *args, **kwargs)
 
 
@@ -166,7 +170,8 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         activation_checkpointing=cfg.gradient_checkpointing,
-        report_to=[],
+        report_to=cfg.report_to,
+        ddp_timeout=cfg.ddp_timeout,
         disable_tqdm=False,
         use_cpu=precision == "fp32" and not _cuda_available(),
         ddp_backend="gloo" if not _cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
@@ -195,22 +200,165 @@ def make_config(config_cls, **kwargs: Any):
     return config_cls(**kwargs)
 
 
-def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
-    """The SFTConfig / DPOConfig / TrainingArguments of a run; every argument must exist in the installed version."""
-    args = common_args(cfg, precision, has_eval=has_eval)
+# Trainer fields that a first-class option sets: --trainer-arg may not set them (the option is the one place).
+FIRST_CLASS = {
+    "learning_rate": "--lr", "weight_decay": "--weight-decay", "optim": "--optim", "lr_scheduler_type": "--lr-scheduler",
+    "warmup_steps": "--warmup-ratio", "warmup_ratio": "--warmup-ratio", "max_steps": "--max-steps",
+    "num_train_epochs": "--epochs", "per_device_train_batch_size": "--batch-size", "per_device_eval_batch_size": "--batch-size",
+    "gradient_accumulation_steps": "--grad-accum", "seed": "--seed", "data_seed": "--seed", "save_steps": "--save-steps",
+    "save_total_limit": "--save-total-limit", "logging_steps": "--logging-steps", "eval_steps": "--eval-steps",
+    "bf16": "--precision", "fp16": "--precision", "activation_checkpointing": "--gradient-checkpointing",
+    "gradient_checkpointing": "--gradient-checkpointing", "output_dir": "--output-dir", "max_length": "--max-length",
+    "beta": "--beta", "report_to": "--report-to", "ddp_timeout": "--ddp-timeout", "dataset_num_proc": "--dataset-num-proc",
+    "resume_from_checkpoint": "--resume", "overwrite_output_dir": "--overwrite",
+}
+
+
+def _config_class(kind: str):
     if kind == "sft":
         from trl import SFTConfig
 
-        return make_config(SFTConfig, **args, max_length=cfg.max_length, packing=False, dataset_num_proc=None)
+        return SFTConfig
     if kind == "dpo":
         from trl import DPOConfig
 
-        return make_config(DPOConfig, **args, beta=cfg.beta, max_length=cfg.max_length)
+        return DPOConfig
     if kind == "causal_lm":
         from transformers import TrainingArguments
 
-        return make_config(TrainingArguments, **args)
+        return TrainingArguments
     raise ValueError(kind)  # pragma: no cover - programming error
+
+
+def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """--trainer-arg KEY=VALUE / recipe trainer_args, checked against the installed config class: unknown keys (with
+    the closest names), keys a first-class option owns, and values of the wrong type are UsageErrors (exit 2);
+    values are coerced to the field's type ("true" → True, "8" → 8, JSON for lists/dicts)."""
+    import difflib
+
+    from posttrainllm.errors import ConfigErrors
+
+    cls = _config_class(kind)
+    hints = _field_types(cls)
+    problems, out = [], {}
+    for key, value in raw.items():
+        if key in FIRST_CLASS:
+            problems.append(f"--trainer-arg {key}: set it with {FIRST_CLASS[key]} (the option posttrainllm owns)")
+        elif key not in hints:
+            close = difflib.get_close_matches(key, list(hints), 3)
+            problems.append(f"--trainer-arg {key}: not a field of {cls.__name__}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        else:
+            try:
+                out[key] = coerce(value, hints[key])
+            except ValueError:
+                problems.append(f"--trainer-arg {key}={_clip(value)}: expected {_type_name(hints[key])}")
+    if problems:
+        raise ConfigErrors(problems)
+    return out
+
+
+def _clip(value: Any, n: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _field_types(cls) -> dict[str, Any]:
+    import dataclasses
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: treat those fields as Any
+        hints = {}
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def coerce(value: Any, hint: Any) -> Any:
+    """`value` (a command-line string or a YAML value) as type `hint`; ValueError when it cannot be."""
+    import enum
+    import json
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args):
+            if type(None) in args:
+                return None
+        for arg in sorted((a for a in args if a is not type(None)), key=lambda a: a is str):  # str last: it takes anything
+            try:
+                return coerce(value, arg)
+            except (ValueError, TypeError):
+                continue
+        raise ValueError
+    if origin is typing.Literal:
+        for arg in args:
+            if value == arg or str(value) == str(arg):
+                return arg
+        raise ValueError
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise ValueError
+    if hint is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return int(value) if isinstance(value, int) else int(str(value).strip())
+    if hint is float:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise ValueError
+        return str(value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value).value if isinstance(value, str) else hint(value).value
+    if origin in (list, tuple) or hint in (list, tuple):
+        if isinstance(value, str):
+            value = json.loads(value) if value.lstrip().startswith("[") else [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        return [coerce(v, args[0]) for v in value] if args else list(value)
+    if origin is dict or hint is dict:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError from None
+        if not isinstance(value, dict):
+            raise ValueError
+        return value
+    if isinstance(value, hint if isinstance(hint, type) else object):
+        return value
+    raise ValueError
+
+
+def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
+    """The SFTConfig / DPOConfig / TrainingArguments of a run: posttrainllm's settings, then the user's
+    --trainer-arg values; every argument must exist in the installed version."""
+    args = common_args(cfg, precision, has_eval=has_eval)
+    if kind == "sft":
+        args.update(max_length=cfg.max_length, packing=False, dataset_num_proc=None)
+    elif kind == "dpo":
+        args.update(beta=cfg.beta, max_length=cfg.max_length)
+    extra = check_trainer_args(kind, cfg.trainer_args or {})
+    try:
+        return make_config(_config_class(kind), **{**args, **extra})
+    except (ValueError, TypeError) as e:
+        if not extra:
+            raise
+        raise UsageError(f"--trainer-arg {', '.join(extra)}: {str(e).splitlines()[0][:300]}") from None
 
 
 def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=()):
