@@ -115,3 +115,32 @@ def print_forgetting(report: dict[str, dict]) -> None:
     for name, r in report.items():
         t.add_row(name, f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['change_pct']:+.2f}%")
     console.print(t)
+
+
+def print_summary(metrics: dict[str, Any], output_dir: str, *, first_step: int = 0, last_step: int | None = None) -> None:
+    """End of a run: a small table (losses, runtime, throughput, where the model went), not a Python dict.
+
+    After a resume, the trainer's train_loss covers only the resumed steps: the row says which steps."""
+    t = Table(title="run summary", title_justify="left", show_edge=False, pad_edge=False, show_header=False)
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    loss_label = "train loss" if not first_step else f"train loss (steps {first_step + 1}-{last_step}, after the resume)"
+    rows = [
+        (loss_label, metrics.get("train_loss"), "{:.4f}"),
+        ("eval loss", metrics.get("eval_loss"), "{:.4f}"),
+        ("reward accuracy (eval)", metrics.get("eval_rewards/accuracies"), "{:.3f}"),
+        ("runtime", metrics.get("train_runtime"), "{:.1f} s"),
+        ("samples/s", metrics.get("train_samples_per_second"), "{:.2f}"),
+    ]
+    for name, value, fmt in rows:
+        if isinstance(value, (int, float)):
+            t.add_row(name, fmt.format(value))
+    t.add_row("model saved to", str(output_dir))
+    console.print(t)
+
+
+def print_drift(report: dict[str, Any]) -> None:
+    from posttrainllm.drift import bar_chart
+
+    console.print("weight drift per depth (‖ΔW‖/‖W‖):")
+    console.print(bar_chart(report))

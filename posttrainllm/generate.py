@@ -110,7 +110,9 @@ def run(cfg, echo=print) -> None:
     from transformers import set_seed
 
     from posttrainllm import models
+    from posttrainllm.trainers import quiet_progress_bars
 
+    quiet_progress_bars()
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
     models.check_model_ref(cfg.model)
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)

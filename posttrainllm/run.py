@@ -163,6 +163,9 @@ def train(cfg) -> None:
     from transformers import set_seed
 
     from posttrainllm import models
+    from posttrainllm.trainers import quiet_progress_bars
+
+    quiet_progress_bars()
     from posttrainllm.data import describe
     from posttrainllm.trainers import check_optim_name, total_steps
 
@@ -255,6 +258,9 @@ def pretrain(cfg) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from posttrainllm import data, models
+    from posttrainllm.trainers import quiet_progress_bars
+
+    quiet_progress_bars()
     from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
@@ -293,7 +299,9 @@ def pretrain(cfg) -> None:
 def evaluate(cfg) -> None:
     """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
     from posttrainllm import evaluate as ev
+    from posttrainllm.trainers import quiet_progress_bars
 
+    quiet_progress_bars()
     model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
     from posttrainllm.models import max_positions
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 from typing import Any
 
 from posttrainllm.errors import DataError, ModelError, UsageError
@@ -44,6 +45,10 @@ class LLRDMixin:
         _check_same_groups_on_every_rank(groups)
         self.optimizer = optimizer_cls(groups, **kwargs)
         return self.optimizer
+
+    def create_model_card(self, *args, **kwargs):
+        # TRL writes a generic card at every checkpoint; posttrainllm writes its own once the final model is saved.
+        return None
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Loading an optimizer state dict restores the *saved* group LRs. Resuming is refused when the LR settings
@@ -85,6 +90,70 @@ class LLRDMixin:
                     for row in plan.rows:
                         logs[f"lr/{row['block']}"] = row["lr"] * now
         super().log(logs, *args, **kwargs)
+
+
+def interactive() -> bool:
+    """Progress bars only on a terminal: in a log file (CI, nohup) they are hundreds of redrawn lines."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def quiet_progress_bars() -> None:
+    """Outside a terminal, turn off the progress bars of datasets, transformers and the hub (loading, mapping)."""
+    if interactive():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+_HIDDEN_LOG_KEYS = ("total_flos", "lr_min", "lr_max")
+
+
+def log_line(logs: dict[str, Any], step: int, max_steps: int) -> str | None:
+    """One readable line per logging step (`step 10/200 · loss 2.3456 · lr 1e-03 · ...`); None for the trainer's
+    end-of-training metrics, which the run summary prints as a table."""
+    if "train_runtime" in logs:
+        return None
+    parts = [f"step {step}/{max_steps}"]
+    for key, value in logs.items():
+        if key in _HIDDEN_LOG_KEYS or key.startswith("lr/"):
+            continue
+        name = {"learning_rate": "lr"}.get(key, key)
+        if isinstance(value, float):
+            text = f"{value:.3g}" if name in ("lr", "grad_norm", "epoch") or abs(value) < 1e-3 else f"{value:.4f}"
+        else:
+            text = str(value)
+        parts.append(f"{name} {text}")
+    return " · ".join(parts)
+
+
+def _log_callbacks():
+    from transformers.trainer_callback import ProgressCallback, TrainerCallback
+
+    class PlainLogCallback(TrainerCallback):
+        """Without a terminal: one plain line per logging step, no progress bars."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            line = log_line(logs or {}, state.global_step, state.max_steps)
+            if state.is_world_process_zero and line:
+                print(line, flush=True)
+
+    class BarLogCallback(ProgressCallback):
+        """On a terminal: transformers' progress bars, with the same plain lines instead of printed dicts."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            line = log_line(logs or {}, state.global_step, state.max_steps)
+            if state.is_world_process_zero and self.training_bar is not None and line:
+                self.training_bar.write(line)
+
+    return PlainLogCallback, BarLogCallback
 
 
 def _split_by_device_mesh(groups: list[dict]) -> list[dict]:
@@ -172,7 +241,7 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         activation_checkpointing=cfg.gradient_checkpointing,
         report_to=cfg.report_to,
         ddp_timeout=cfg.ddp_timeout,
-        disable_tqdm=False,
+        disable_tqdm=not interactive(),
         use_cpu=precision == "fp32" and not _cuda_available(),
         ddp_backend="gloo" if not _cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         ddp_find_unused_parameters=False,
@@ -380,6 +449,12 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
 
         cls = type("LLRDTrainer", (LLRDMixin, Trainer), {"llrd_plan": plan})
         trainer = cls(model=model, data_collator=default_data_collator, **common)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    plain, bars = _log_callbacks()
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(bars() if interactive() and not conf.disable_tqdm else plain())
     check_distributed_engine(trainer, llrd_active=plan.lr_scaled)
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")

@@ -143,3 +143,26 @@ def tokenizer_and_small_positions(tmp_path):
     model.save_pretrained(d)
     tok.save_pretrained(d)
     return d
+
+
+@pytest.mark.smoke
+def test_a_log_file_gets_plain_lines_not_progress_bar_redraws(tiny_model_dir, text_file, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "run.log"
+    with open(log, "w") as f:
+        r = subprocess.run([sys.executable, "-m", "posttrainllm", "finetune", "--model", str(tiny_model_dir), "--dataset", str(text_file),
+                            "--output-dir", str(tmp_path / "o"), "--max-steps", "20", "--save-steps", "5", "--logging-steps", "5",
+                            "--batch-size", "2", "--max-length", "64", "--eval-split", "0.1", "--eval-steps", "10"],
+                           stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    text = log.read_text()
+    assert r.returncode == 0, text[-2000:]
+    assert text.count("\r") == 0
+    steps = [ln for ln in text.splitlines() if ln.startswith("step ")]
+    train_lines = [ln.split(" · ")[0] for ln in steps if " · loss " in ln]
+    assert train_lines == ["step 1/20", "step 5/20", "step 10/20", "step 15/20", "step 20/20"]
+    assert any(" · eval_loss " in ln for ln in steps)  # evaluation results are plain lines too
+    assert not any(ln.lstrip().startswith("{") for ln in text.splitlines())  # no printed dicts
+    assert len(text.splitlines()) < 60
