@@ -1,21 +1,27 @@
-"""The Shakespeare → Alpaca layer-decay study: does --llrd keep what the base model knew, and does it beat
-plain LR tuning (and replay) at equal in-domain quality?
+"""The layer-decay studies of docs/results.md, all run through `posttrainllm sweep` (one implementation).
 
-    python bench/llrd_study.py            # full study (about an hour on 2 CPU cores)
-    python bench/llrd_study.py --quick    # minutes: smaller model, fewer steps, one seed
+    python bench/llrd_study.py                      # every study (hours on 2 CPU cores; resumable)
+    python bench/llrd_study.py --study alpaca       # one of: alpaca, loraplus, depth, dpo
+    python bench/llrd_study.py --quick              # minutes: fewer steps, points and seeds (a smoke run)
 
-1. data (from ../shared/data, splits as its README suggests): pre-training text = first 90% of
-   tinyshakespeare.txt + the CPython modules up to and including typing.py; held out = last 10% of Shakespeare
-   and the remaining modules (json/*, heapq, bisect, calendar, fractions, statistics, difflib); Alpaca: first 900
-   examples train, last 99 validation.
-2. `posttrainllm pretrain` a small llama-style base (8 blocks).
-3. `posttrainllm sft` on Alpaca for every (method, γ, LR, seed): flat at ≥ 5 LRs, LLRD at γ ∈ {0.95, 0.9, 0.8, 0.65}
-   × 3 LRs, 25% replay of the pre-training text, and replay + LLRD.
-4. `posttrainllm eval` on the held-out Shakespeare and code, base vs each result → % perplexity change.
-5. docs/results.md (table mean ± std, verdicts) and docs/llrd_study.png (val loss vs OOD regression).
+Data (from ../shared/data, splits as its README suggests):
+  pre-training text   first 90% of tinyshakespeare.txt + the CPython modules up to and including typing.py
+                      (+ for the depth study: python_docs.txt minus the held-out documents)
+  held out (OOD)      last 10% of Shakespeare; the remaining modules (json/*, heapq, bisect, calendar, ...);
+                      whole python_docs documents of library/ whose name starts with s-z (depth study)
+  Alpaca              first 900 examples train, last 99 validation
+  DPO                 dpo_en_demo.json, 10% held out (`--eval-split 0.1`)
 
-Every stage runs the real CLI in-process (same code path as the shell commands, without paying the imports
-69 times). Runs are deterministic on CPU for a given seed, so a re-run reproduces the table.
+Studies:
+  alpaca    an 8-block base; SFT flat over 5 LRs, γ ∈ {0.95, 0.9, 0.8, 0.65} × 3 LRs, 25% replay, replay + γ 0.8
+  loraplus  the same base; LoRA r=16, λ ∈ {1, 16} × γ ∈ {1, 0.8} × 2 LRs
+  depth     8- and 24-block bases of the same width pre-trained on the bigger corpus; flat vs γ at the same
+            γ and at the same bottom-block scale γ^(N-1)
+  dpo       DPO of an Alpaca-SFT model on dpo_en_demo.json, flat vs γ ∈ {0.9, 0.8} over an LR sweep
+
+Every stage is the real CLI: `posttrainllm pretrain` for the bases, `posttrainllm sweep` for the grids (its cells are
+normal `sft`/`dpo` runs). A re-run reuses finished bases and cells. Results: bench/out/study/<mode>/ (not
+committed) and docs/results.md (tables regenerated; the hand-written conclusions after the marker are kept).
 """
 
 from __future__ import annotations
@@ -23,25 +29,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
-import multiprocessing
 import os
 import platform
-import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 OOD_CHARS = 40_000
 CONCLUSIONS = "<!-- conclusions: written by hand, kept when the tables above are regenerated -->"
-FIXED_LR = 2e-3  # the LR of the curated Alpaca recipes (flat and LLRD), compared in acceptance (a)/(b)
 
 
+# ------------------------------------------------------------------------------------------------ plumbing
 def cli(args: list[str], log: Path) -> None:
-    """Run `posttrainllm ARGS` in this process, output to a log file; raise on a non-zero exit."""
+    """`posttrainllm ARGS` in this process (pretrain, eval), output to a log file; raise on a non-zero exit."""
     from typer.main import get_command
 
     from posttrainllm.cli import app
@@ -57,163 +59,15 @@ def cli(args: list[str], log: Path) -> None:
         raise RuntimeError(f"posttrainllm {' '.join(args)} exited {code}; see {log}")
 
 
-def eval_json(model: Path, texts: list[Path], max_length: int, log: Path) -> dict:
-    out = log.with_suffix(".json")
-    cli(["eval", "--model", str(model), *sum((["--text", str(t)] for t in texts), []), "--max-length", str(max_length), "--json"], log)
-    data = json.loads(next(ln for ln in reversed(log.read_text().splitlines()) if ln.startswith("{")))
-    out.write_text(json.dumps(data, indent=2))
-    return data
+def sweep(command: str, args: list[str], out: Path) -> list[dict]:
+    """`posttrainllm sweep COMMAND ARGS --output-dir OUT`; returns its finished cells."""
+    from posttrainllm import sweep as sw
 
-
-def prepare_data(out: Path) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    shakespeare = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    cut = int(len(shakespeare) * 0.9)
-    code = (SHARED / "python_stdlib_code.txt").read_text(encoding="utf-8")
-    modules, current = [], None
-    for line in code.splitlines(keepends=True):
-        if line.startswith("# ==== Lib/"):
-            current = [line.strip()[len("# ==== Lib/"):-len(" ====")], []]
-            modules.append(current)
-        if current is not None:
-            current[1].append(line)
-    names = [m[0] for m in modules]
-    last_train = names.index("typing.py")
-    code_train = "".join("".join(m[1]) for m in modules[: last_train + 1])
-    code_held = "".join("".join(m[1]) for m in modules[last_train + 1:])
-    alpaca = json.loads((SHARED / "alpaca_en_demo.json").read_text())
-    files = {
-        "pretrain": out / "pretrain.txt",
-        "ood_shakespeare": out / "heldout_shakespeare.txt",
-        "ood_code": out / "heldout_code.txt",
-        "alpaca_train": out / "alpaca_train.json",
-        "alpaca_val": out / "alpaca_val.json",
-    }
-    files["pretrain"].write_text(shakespeare[:cut] + "\n\n" + code_train, encoding="utf-8")
-    files["ood_shakespeare"].write_text(shakespeare[cut:][:OOD_CHARS], encoding="utf-8")
-    files["ood_code"].write_text(code_held[:OOD_CHARS], encoding="utf-8")
-    files["alpaca_train"].write_text(json.dumps(alpaca[:900]))
-    files["alpaca_val"].write_text(json.dumps(alpaca[900:]))
-    return files
-
-
-def grid(quick: bool) -> tuple[list[dict], list[int]]:
-    """(method, γ, LR) points; every point runs for every seed."""
-    if quick:
-        flat = [3e-4, 1e-3, 2e-3]
-        points = [dict(method="flat", gamma=1.0, lr=lr) for lr in flat]
-        points += [dict(method="llrd", gamma=0.8, lr=lr) for lr in flat]
-        points += [dict(method="replay", gamma=1.0, lr=1e-3)]
-        return points, [0]
-    flat = [2e-4, 4e-4, 7e-4, 1.2e-3, 2e-3]
-    llrd_lrs = [7e-4, 1.2e-3, 2e-3]  # layer decay lowers the mean LR, so its sweep sits at the upper end of flat's
-    points = [dict(method="flat", gamma=1.0, lr=lr) for lr in flat]
-    points += [dict(method="llrd", gamma=g, lr=lr) for g in (0.95, 0.9, 0.8, 0.65) for lr in llrd_lrs]
-    points += [dict(method="replay", gamma=1.0, lr=lr) for lr in (7e-4, 1.2e-3)]
-    points += [dict(method="replay+llrd", gamma=0.8, lr=lr) for lr in (1.2e-3, 2e-3)]
-    return points, [0, 1, 2]
-
-
-def _single_thread() -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def sft_run(p: dict, seed: int, out: str, files: dict, sft: dict, base_eval: dict) -> tuple[str, dict]:
-    """One `posttrainllm sft` run + `posttrainllm eval` of the result (in a worker process)."""
-    t1 = time.time()
-    out = Path(out)
-    name = run_name(p, seed)
-    rdir = out / "runs" / name
-    argv = ["sft", "--model", str(out / "base"), "--dataset", files["alpaca_train"], "--eval-dataset", files["alpaca_val"],
-            "--output-dir", str(rdir), "--overwrite", "--lr", f"{p['lr']:g}", "--max-steps", str(sft["steps"]),
-            "--batch-size", str(sft["batch"]), "--max-length", str(sft["max_length"]), "--seed", str(seed),
-            "--save-steps", "100000", "--logging-steps", "50"]
-    if p["gamma"] < 1.0:
-        argv += ["--llrd", str(p["gamma"])]
-    if p["method"].startswith("replay"):
-        argv += ["--replay-dataset", files["pretrain"], "--replay-ratio", str(sft["replay_ratio"])]
-    if p.get("tied_embeddings"):
-        argv += ["--tied-embeddings", p["tied_embeddings"]]
-    cli(argv, out / "logs" / f"{name}.log")
-    val = json.loads((rdir / "eval_results.json").read_text())["train"]["eval_loss"]
-    after = eval_json(rdir, [Path(files["ood_shakespeare"]), Path(files["ood_code"])], 256, out / "logs" / f"{name}-eval.log")
-    change = {k: 100 * (after[k]["perplexity"] / base_eval[k]["perplexity"] - 1) for k in base_eval}
-    for f in rdir.glob("*.safetensors"):  # keep the record, not the weights (disk)
-        f.unlink()
-    return name, {**p, "seed": seed, "val_loss": val, "ood_change_pct": change, "seconds": round(time.time() - t1, 1)}
-
-
-def run_name(p: dict, seed: int) -> str:
-    tied = f"-tied_{p['tied_embeddings']}" if p.get("tied_embeddings") else ""
-    return f"{p['method']}-g{p['gamma']}-lr{p['lr']:g}{tied}-s{seed}"
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="minutes instead of an hour: tiny model, few steps, one seed")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "study"), help="work directory (models, logs)")
-    ap.add_argument("--docs", default=str(ROOT / "docs"), help="where results.md and the plot go")
-    ap.add_argument("--no-docs", action="store_true", help="do not write docs/results.md (only results.json)")
-    ap.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)), help="parallel single-thread SFT runs")
-    args = ap.parse_args()
-    if not SHARED.is_dir():
-        sys.exit(f"skipped: {SHARED} not found (the study needs ../shared/data)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    out = Path(args.out) / ("quick" if args.quick else "full")
-    t0 = time.time()
-    files = prepare_data(out / "data")
-    quick = args.quick
-    # the base: llama-style, 8 blocks (4 in quick mode) so that depth matters; written as a config.json for `pretrain`
-    pre = dict(blocks=4 if quick else 8, hidden=64, intermediate=176, vocab=2048, steps=150 if quick else 800, batch=8, lr=1e-3)
-    model_config = out / "base_config.json"
-    model_config.write_text(json.dumps({"model_type": "llama", "hidden_size": pre["hidden"], "intermediate_size": pre["intermediate"],
-                                        "num_hidden_layers": pre["blocks"], "num_attention_heads": 4, "num_key_value_heads": 2,
-                                        "max_position_embeddings": 512, "tie_word_embeddings": False}))
-    sft = dict(steps=40 if quick else 150, batch=8, max_length=192, replay_ratio=0.25)
-    base = out / "base"
-    if not (base / "training_complete.json").exists():
-        print(f"pre-training the base ({pre['blocks']} blocks, {pre['steps']} steps) ...", flush=True)
-        cli(["pretrain", "--dataset", str(files["pretrain"]), "--output-dir", str(base), "--overwrite", "--model-config", str(model_config),
-             "--vocab-size", str(pre["vocab"]), "--max-length", "256", "--batch-size", str(pre["batch"]), "--lr", str(pre["lr"]),
-             "--lr-scheduler", "cosine", "--warmup-ratio", "0.05", "--max-steps", str(pre["steps"]), "--seed", "0",
-             "--save-steps", "100000", "--logging-steps", "50"], out / "logs" / "pretrain.log")
-    ood = [files["ood_shakespeare"], files["ood_code"]]
-    base_eval = eval_json(base, ood, 256, out / "logs" / "eval-base.log")
-    print(f"base: {json.dumps({k: round(v['perplexity'], 3) for k, v in base_eval.items()})} ({time.time() - t0:.0f} s)", flush=True)
-
-    points, seeds = grid(quick)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    todo = [(p, seed) for p in points for seed in seeds if run_name(p, seed) not in results]
-    # small models use 1 thread poorly-parallel matmuls: N single-thread workers beat one N-thread process
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_single_thread) as pool:
-        futures = {pool.submit(sft_run, p, seed, str(out), {k: str(v) for k, v in files.items()}, sft, base_eval): (p, seed) for p, seed in todo}
-        for fut in as_completed(futures):
-            name, record = fut.result()
-            results[name] = record
-            results_path.write_text(json.dumps(results, indent=2, sort_keys=True))
-            change = record["ood_change_pct"]
-            print(f"[{len(results)}/{len(points) * len(seeds)}] {name}: val {record['val_loss']:.4f}  "
-                  + "  ".join(f"{k} {v:+.1f}%" for k, v in change.items()) + f"  ({record['seconds']:.0f} s)", flush=True)
-    wall = time.time() - t0
-    summary_path = out / "summary.json"
-    if not todo and summary_path.exists():  # nothing new ran: keep the wall time of the run that produced the numbers
-        wall = json.loads(summary_path.read_text())["meta"].get("wall_time_s", wall)
-    summary = summarize(results, points, seeds)
-    meta = {"command": "python bench/llrd_study.py" + (" --quick" if quick else ""), "wall_time_s": round(wall), "machine": machine(),
-            "pretrain": pre, "sft": sft, "base_eval": base_eval, "ood_chars": OOD_CHARS}
-    (out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=2))
-    verdict = analyse(summary)
-    print(json.dumps(verdict, indent=2))
-    if not args.no_docs:
-        docs = Path(args.docs)
-        plot(summary, docs / ("llrd_study_quick.png" if quick else "llrd_study.png"))
-        write_results_md(docs / ("results_quick.md" if quick else "results.md"), meta, summary, verdict, quick)
+    spec = sw.parse(command, [*args, "--output-dir", str(out)])
+    result = sw.run(spec, echo=lambda line: print("   ", line, flush=True))
+    if result["failed"]:
+        raise RuntimeError(f"{len(result['failed'])} cells failed, e.g. {result['failed'][0]}")
+    return result["cells"]
 
 
 def machine() -> str:
@@ -222,128 +76,307 @@ def machine() -> str:
         cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     import torch
 
-    return f"{os.cpu_count()} CPU cores ({cpu or platform.processor()}), Python {platform.python_version()}, torch {torch.__version__}, no GPU"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{os.cpu_count()} CPU cores ({cpu or platform.processor()}), Python {platform.python_version()}, torch {torch.__version__}, {gpu}"
 
 
-def _ms(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+def _split_modules(text: str, marker: str, end: str = "") -> list[tuple[str, str]]:
+    """[(name, text)] of a concatenation whose parts start with lines `marker<name>end`."""
+    parts: list[list] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(marker):
+            parts.append([line.strip()[len(marker): len(line.strip()) - len(end)], []])
+        if parts:
+            parts[-1][1].append(line)
+    return [(name, "".join(lines)) for name, lines in parts]
 
 
-def summarize(results: dict, points: list[dict], seeds: list[int]) -> list[dict]:
-    rows = []
-    for p in points:
-        runs = [results[run_name(p, s)] for s in seeds if run_name(p, s) in results]
-        if not runs:
-            continue
-        row = {**p, "n": len(runs)}
-        row["val"], row["val_std"] = _ms([r["val_loss"] for r in runs])
-        for k in runs[0]["ood_change_pct"]:
-            key = "code" if "code" in k else "shakespeare"
-            row[key], row[key + "_std"] = _ms([r["ood_change_pct"][k] for r in runs])
-        rows.append(row)
-    return rows
+def prepare_data(out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    shakespeare = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    cut = int(len(shakespeare) * 0.9)
+    modules = _split_modules((SHARED / "python_stdlib_code.txt").read_text(encoding="utf-8"), "# ==== Lib/", " ====")
+    last_train = [m[0] for m in modules].index("typing.py")
+    code_train = "".join(m[1] for m in modules[: last_train + 1])
+    code_held = "".join(m[1] for m in modules[last_train + 1:])
+    docs = _split_modules((SHARED / "python_docs.txt").read_text(encoding="utf-8"), ".. document: ")
+    held = [d for d in docs if d[0].startswith("library/") and d[0].split("/", 1)[1][:1].lower() >= "s"]
+    docs_train = "".join(d[1] for d in docs if d not in held)
+    docs_held = "".join(d[1] for d in held)
+    alpaca = json.loads((SHARED / "alpaca_en_demo.json").read_text())
+    files = {
+        "pretrain": out / "pretrain.txt",
+        "pretrain_big": out / "pretrain_big.txt",
+        "ood_shakespeare": out / "heldout_shakespeare.txt",
+        "ood_code": out / "heldout_code.txt",
+        "ood_docs": out / "heldout_docs.txt",
+        "alpaca_train": out / "alpaca_train.json",
+        "alpaca_val": out / "alpaca_val.json",
+        "dpo": SHARED / "dpo_en_demo.json",
+    }
+    files["pretrain"].write_text(shakespeare[:cut] + "\n\n" + code_train, encoding="utf-8")
+    files["pretrain_big"].write_text(shakespeare[:cut] + "\n\n" + code_train + "\n\n" + docs_train, encoding="utf-8")
+    files["ood_shakespeare"].write_text(shakespeare[cut:][:OOD_CHARS], encoding="utf-8")
+    files["ood_code"].write_text(code_held[:OOD_CHARS], encoding="utf-8")
+    files["ood_docs"].write_text(docs_held[:OOD_CHARS], encoding="utf-8")
+    files["alpaca_train"].write_text(json.dumps(alpaca[:900]))
+    files["alpaca_val"].write_text(json.dumps(alpaca[900:]))
+    return files
 
 
-def _interp(curve: list[tuple[float, float]], x: float) -> float | None:
-    """Linear interpolation of y at x on a curve sorted by x; None outside its range."""
-    curve = sorted(curve)
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return None
+def pretrain(out: Path, name: str, corpus: Path, blocks: int, steps: int, quick: bool, log_dir: Path) -> Path:
+    """A llama-style base, hidden 64, `blocks` blocks, BPE vocab 2048, via `posttrainllm pretrain`."""
+    base = out / name
+    if (base / "training_complete.json").exists():
+        return base
+    config = out / f"{name}_config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": blocks,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+                                  "tie_word_embeddings": False}))
+    print(f"  pre-training {name}: {blocks} blocks, {steps} steps on {corpus.name} ...", flush=True)
+    cli(["pretrain", "--dataset", str(corpus), "--output-dir", str(base), "--model-config", str(config), "--vocab-size", "2048",
+         "--max-length", "256", "--batch-size", "8", "--lr", "1e-3", "--lr-scheduler", "cosine", "--warmup-ratio", "0.05",
+         "--max-steps", str(steps), "--seed", "0", "--save-steps", "100000", "--logging-steps", "50",
+         "--eval-split", "0.01", "--eval-steps", str(max(50, steps // 6))], log_dir / f"pretrain-{name}.log")
+    return base
 
 
-def analyse(summary: list[dict]) -> dict:
-    """Frontier comparison: for each non-flat point, flat's OOD change interpolated at the same val loss."""
-    flat = [r for r in summary if r["method"] == "flat"]
-    out = {"vs_flat_at_equal_val": []}
-    for r in summary:
-        if r["method"] == "flat":
-            continue
-        entry = {"method": r["method"], "gamma": r["gamma"], "lr": r["lr"], "val": round(r["val"], 4)}
-        for key in ("code", "shakespeare"):
-            ref = _interp([(f["val"], f[key]) for f in flat], r["val"])
-            entry[key] = round(r[key], 2)
-            entry[f"flat_{key}_at_same_val"] = None if ref is None else round(ref, 2)
-        out["vs_flat_at_equal_val"].append(entry)
-    # acceptance (a)/(b) at one fixed recipe LR: LLRD γ=0.8 vs flat
-    def pick(method, gamma, lr):
-        return next((r for r in summary if r["method"] == method and r["gamma"] == gamma and math.isclose(r["lr"], lr)), None)
+def pretrain_curve(base: Path) -> list[tuple[int, float]]:
+    state = json.loads((base / "trainer_state.json").read_text())
+    return [(h["step"], h["eval_loss"]) for h in state["log_history"] if "eval_loss" in h]
 
-    lr = FIXED_LR if any(math.isclose(r["lr"], FIXED_LR) for r in summary if r["method"] == "flat") else 1e-3
-    f, l = pick("flat", 1.0, lr), pick("llrd", 0.8, lr)
-    if f and l:
-        out[f"fixed_recipe_lr_{lr:g}"] = {
-            "flat": {k: round(f[k], 3) for k in ("val", "code", "shakespeare")},
-            "llrd_0.8": {k: round(l[k], 3) for k in ("val", "code", "shakespeare")},
-            "a_val_llrd_le_flat": l["val"] <= f["val"],
-            "b_llrd_ood_le_1pct": max(l["code"], l["shakespeare"]) <= 1.0,
-        }
+
+# ------------------------------------------------------------------------------------------------ the studies
+def sft_args(base: Path, files: dict, ood: list[str], steps: int, extra: list[str] = ()) -> list[str]:
+    args = ["--model", str(base), "--dataset", str(files["alpaca_train"]), "--eval-dataset", str(files["alpaca_val"]),
+            "--max-steps", str(steps), "--batch-size", "8", "--max-length", "192", "--save-steps", "100000",
+            "--logging-steps", "50", "--discard-weights"]
+    for key in ood:
+        args += ["--ood-eval", str(files[key])]
+    return args + list(extra)
+
+
+def study_alpaca(ctx: dict) -> dict:
+    files, q = ctx["files"], ctx["quick"]
+    base = pretrain(ctx["out"], "base8", files["pretrain"], 4 if q else 8, 150 if q else 800, q, ctx["logs"])
+    common = sft_args(base, files, ["ood_shakespeare", "ood_code"], 40 if q else 150)
+    seeds = "0" if q else "0,1,2"
+    grid = [  # (llrd, lr, replay ratio)
+        ("1.0", "3e-4,1e-3,2e-3" if q else "2e-4,4e-4,7e-4,1.2e-3,2e-3", "0"),
+        ("0.8" if q else "0.95,0.9,0.8,0.65", "1e-3,2e-3" if q else "7e-4,1.2e-3,2e-3", "0"),
+        ("1.0", "1e-3" if q else "7e-4,1.2e-3", "0.25"),
+        ("0.8", "2e-3" if q else "1.2e-3,2e-3", "0.25"),
+    ]
+    cells = []
+    for gammas, lrs, replay in grid:
+        extra = ["--replay-dataset", str(files["pretrain"])] if replay != "0" else []
+        cells += sweep("sft", [*common, *extra, "--llrd", gammas, "--lr", lrs, "--replay-ratio", replay, "--seeds", seeds, "--jobs", "2"],
+                       ctx["out"] / "alpaca")
+    return {"base": base, "cells": cells}
+
+
+def study_loraplus(ctx: dict) -> dict:
+    files, q = ctx["files"], ctx["quick"]
+    base = pretrain(ctx["out"], "base8", files["pretrain"], 4 if q else 8, 150 if q else 800, q, ctx["logs"])
+    out = {}
+    for ratio in ("1", "16"):
+        extra = ["--lora-r", "16"] + (["--loraplus-ratio", ratio] if ratio != "1" else [])
+        args = sft_args(base, files, ["ood_shakespeare", "ood_code"], 40 if q else 150, extra)
+        out[ratio] = sweep("sft", [*args, "--llrd", "1.0,0.8", "--lr", "2e-3" if q else "2e-3,5e-3", "--seeds", "0" if q else "0,1,2",
+                                   "--jobs", "2"], ctx["out"] / f"loraplus-{ratio}")
     return out
 
 
-def plot(summary: list[dict], path: Path) -> None:
+def study_depth(ctx: dict) -> dict:
+    files, q = ctx["files"], ctx["quick"]
+    steps = 150 if q else 1500
+    res = {}
+    for blocks in ((2, 6) if q else (8, 24)):
+        base = pretrain(ctx["out"], f"depth{blocks}", files["pretrain_big"], blocks, steps, q, ctx["logs"])
+        common = sft_args(base, files, ["ood_shakespeare", "ood_code", "ood_docs"], 40 if q else 150)
+        seeds = "0" if q else "0,1,2"
+        small = 2 if q else 8
+        # γ, and for the deeper base also the γ that gives the shallow base's bottom-block scale γ^(N-1)
+        gammas = ["0.9", "0.8"]
+        if blocks != small:
+            gammas += [f"{0.9 ** ((small - 1) / (blocks - 1)):.4f}", f"{0.8 ** ((small - 1) / (blocks - 1)):.4f}"]
+        cells = sweep("sft", [*common, "--llrd", "1.0", "--lr", "1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3", "--seeds", seeds, "--jobs", "2"],
+                      ctx["out"] / f"depth{blocks}")
+        cells += sweep("sft", [*common, "--llrd", ",".join(gammas), "--lr", "2e-3" if q else "7e-4,1.2e-3,2e-3", "--seeds", seeds,
+                               "--jobs", "2"], ctx["out"] / f"depth{blocks}")
+        res[blocks] = {"base": base, "cells": cells, "curve": pretrain_curve(base)}
+    return res
+
+
+def study_dpo(ctx: dict) -> dict:
+    files, q = ctx["files"], ctx["quick"]
+    base = pretrain(ctx["out"], "base8", files["pretrain"], 4 if q else 8, 150 if q else 800, q, ctx["logs"])
+    sft_model = ctx["out"] / "sft-for-dpo"
+    if not (sft_model / "training_complete.json").exists():
+        print("  SFT of the base on Alpaca (the DPO starting point) ...", flush=True)
+        cli(["sft", "--model", str(base), "--dataset", str(files["alpaca_train"]), "--output-dir", str(sft_model), "--lr", "1e-3",
+             "--max-steps", "40" if q else "150", "--batch-size", "8", "--max-length", "192", "--seed", "0", "--save-steps", "100000"],
+            ctx["logs"] / "sft-for-dpo.log")
+    args = ["--model", str(sft_model), "--dataset", str(files["dpo"]), "--eval-split", "0.1", "--max-steps", "20" if q else "100",
+            "--batch-size", "8", "--max-length", "256", "--save-steps", "100000", "--logging-steps", "25", "--discard-weights",
+            "--ood-eval", str(files["ood_shakespeare"]), "--ood-eval", str(files["ood_code"])]
+    cells = sweep("dpo", [*args, "--llrd", "1.0,0.8" if q else "1.0,0.9,0.8", "--lr", "1e-4" if q else "1e-5,3e-5,1e-4,3e-4",
+                          "--seeds", "0" if q else "0,1,2", "--jobs", "2"], ctx["out"] / "dpo")
+    return {"base": sft_model, "cells": cells}
+
+
+STUDIES = {"alpaca": study_alpaca, "loraplus": study_loraplus, "depth": study_depth, "dpo": study_dpo}
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+def _label(r: dict) -> str:
+    label = "flat" if r["gamma"] == 1.0 else f"γ={r['gamma']:g}"
+    return label + (f" + replay {r['replay_ratio']:g}" if r["replay_ratio"] else "")
+
+
+def frontier_rows(summary: list[dict], ood: list[str], x: str = "eval_loss") -> list[str]:
+    """Markdown rows: each non-flat point vs flat's value interpolated at the same x (eval loss or reward acc.)."""
+    from posttrainllm.sweep import interpolate
+
+    flat = [r for r in summary if r["gamma"] == 1.0 and r["replay_ratio"] == 0]
+    lines = []
+    for r in summary:
+        if r in flat:
+            continue
+        cells = [_label(r), f"{r['lr']:g}", f"{r[x]:.4f}"]
+        for name in ood:
+            ref = interpolate([(f[x], f["ood"][name]["change_pct"]) for f in flat], r[x])
+            cells += [f"{r['ood'][name]['change_pct']:+.1f}", "outside flat's range" if ref is None else f"{ref:+.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def table(summary: list[dict], ood: list[str], dpo: bool = False) -> list[str]:
+    head = ["run", "LR", "seeds", "eval loss"] + (["reward accuracy", "reward margin"] if dpo else []) + [f"{n} Δ%" for n in ood]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(summary, key=lambda r: (r["replay_ratio"], -r["gamma"], r["lr"])):
+        cells = [_label(r), f"{r['lr']:g}", str(r["seeds"]), f"{r['eval_loss']:.4f} ± {r['eval_loss_std']:.4f}"]
+        if dpo:
+            cells += [f"{r.get('reward_accuracy', float('nan')):.3f} ± {r.get('reward_accuracy_std', 0):.3f}",
+                      f"{r.get('reward_margin', float('nan')):.3f} ± {r.get('reward_margin_std', 0):.3f}"]
+        cells += [f"{r['ood'][n]['change_pct']:+.1f} ± {r['ood'][n]['std']:.1f}" for n in ood]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(summary: list[dict], ood: list[str], path: Path, x: str = "eval_loss", xlabel: str = "in-domain eval loss") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+    fig, axes = plt.subplots(1, len(ood), figsize=(6.5 * len(ood), 5), squeeze=False)
     series: dict[str, list[dict]] = {}
     for r in summary:
-        label = "flat" if r["method"] == "flat" else (f"LLRD γ={r['gamma']}" if r["method"] == "llrd" else ("replay 25%" if r["method"] == "replay" else f"replay 25% + LLRD γ={r['gamma']}"))
-        series.setdefault(label, []).append(r)
-    for ax, key, title in ((axes[0], "code", "held-out code"), (axes[1], "shakespeare", "held-out Shakespeare")):
-        for label, rows in series.items():
+        series.setdefault(_label(r), []).append(r)
+    for ax, name in zip(axes[0], ood):
+        for label, rows in sorted(series.items(), key=lambda kv: kv[0] != "flat"):
             rows = sorted(rows, key=lambda r: r["lr"])
-            style = dict(lw=2.5, color="black") if label == "flat" else {}
-            ax.errorbar([r["val"] for r in rows], [r[key] for r in rows], xerr=[r["val_std"] for r in rows], yerr=[r[key + "_std"] for r in rows],
+            style = dict(lw=2.5, color="black") if label == "flat" else dict(ls="--") if "replay" in label else {}
+            ax.errorbar([r[x] for r in rows], [r["ood"][name]["change_pct"] for r in rows], yerr=[r["ood"][name]["std"] for r in rows],
                         marker="o", capsize=3, label=label, **style)
-            for r in rows:
-                ax.annotate(f"{r['lr']:g}", (r["val"], r[key]), fontsize=7, alpha=0.6, xytext=(3, 3), textcoords="offset points")
-        ax.set_xlabel("Alpaca validation loss (lower = learned more)")
-        ax.set_ylabel(f"{title} PPL change vs base, % (lower = forgot less)")
-        ax.set_title(f"{title}: points = LR sweep, bars = ±1 std over seeds", fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{name}: perplexity change vs base, %")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
-def write_results_md(path: Path, meta: dict, summary: list[dict], verdict: dict, quick: bool) -> None:
-    lines = [
-        "# Results: layer-wise LR decay, Shakespeare → Alpaca" + (" (quick mode)" if quick else ""),
-        "",
-        f"Produced by `{meta['command']}` in {meta['wall_time_s'] / 60:.1f} min on {meta['machine']}.",
-        f"Base: llama-style, {meta['pretrain']['blocks']} blocks, hidden {meta['pretrain']['hidden']}, BPE vocab {meta['pretrain']['vocab']}, pre-trained {meta['pretrain']['steps']} steps (batch {meta['pretrain']['batch']} × 256 tokens, lr {meta['pretrain']['lr']:g}, cosine); SFT {meta['sft']['steps']} steps, "
-        f"batch {meta['sft']['batch']}, max length {meta['sft']['max_length']}, linear schedule; OOD texts cut to the first "
-        f"{meta['ood_chars']:,} characters; perplexity with windows of 256 tokens (`posttrainllm eval`).",
-        "",
-        "| method | γ | LR | seeds | Alpaca val loss | held-out code PPL Δ% | held-out Shakespeare PPL Δ% |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in summary:
-        lines.append(f"| {r['method']} | {r['gamma']} | {r['lr']:g} | {r['n']} | {r['val']:.4f} ± {r['val_std']:.4f} | {r['code']:+.1f} ± {r['code_std']:.1f} | {r['shakespeare']:+.1f} ± {r['shakespeare_std']:.1f} |")
-    lines += ["", f"![frontier]({'llrd_study_quick.png' if quick else 'llrd_study.png'})", "", "## Frontier: each method vs flat at equal validation loss", "",
-              "| method | γ | LR | val | code Δ% | flat code Δ% at same val | Shakespeare Δ% | flat Shakespeare Δ% at same val |", "|---|---|---|---|---|---|---|---|"]
-    for e in verdict["vs_flat_at_equal_val"]:
-        fmt = lambda v: "outside flat's range" if v is None else f"{v:+.1f}"  # noqa: E731
-        lines.append(f"| {e['method']} | {e['gamma']} | {e['lr']:g} | {e['val']:.4f} | {e['code']:+.1f} | {fmt(e['flat_code_at_same_val'])} | {e['shakespeare']:+.1f} | {fmt(e['flat_shakespeare_at_same_val'])} |")
-    for key, v in verdict.items():
-        if key.startswith("fixed_recipe_lr_"):
-            lr = key.rsplit("_", 1)[1]
-            lines += ["", f"## The original criteria at the fixed recipe LR ({lr}), flat vs LLRD γ=0.8", "",
-                      "| run | val loss | code Δ% | Shakespeare Δ% |", "|---|---|---|---|",
-                      f"| flat | {v['flat']['val']:.3f} | {v['flat']['code']:+.1f} | {v['flat']['shakespeare']:+.1f} |",
-                      f"| LLRD γ=0.8 | {v['llrd_0.8']['val']:.3f} | {v['llrd_0.8']['code']:+.1f} | {v['llrd_0.8']['shakespeare']:+.1f} |", "",
-                      f"(a) LLRD val loss ≤ flat: **{'met' if v['a_val_llrd_le_flat'] else 'not met'}**. "
-                      f"(b) LLRD OOD regression ≤ 1%: **{'met' if v['b_llrd_ood_le_1pct'] else 'not met'}**."]
-    lines += ["", "Raw per-run numbers: `bench/out/study/*/results.json` after a run (not committed).", ""]
+def ood_names(summary: list[dict]) -> list[str]:
+    return list(dict.fromkeys(n for r in summary for n in r["ood"]))
+
+
+def report(results: dict, meta: dict, docs: Path, quick: bool) -> None:
+    from posttrainllm.sweep import summarize
+
+    suffix = "_quick" if quick else ""
+    lines = ["# Results: what layer-wise LR decay does" + (" (quick mode)" if quick else ""), "",
+             f"Produced by `{meta['command']}` on {meta['machine']}; compute per study below. Every run is a normal "
+             "`posttrainllm` command driven by `posttrainllm sweep`. Forgetting = perplexity change of held-out text "
+             f"(the first {OOD_CHARS:,} characters of each set) from before to after the run, measured by the run's own "
+             "`--ood-eval` with windows of its `--max-length`; mean ± std over seeds.", ""]
+    if "alpaca" in results:
+        s = summarize(results["alpaca"]["cells"])
+        ood = ood_names(s)
+        plot(s, ood, docs / f"llrd_study{suffix}.png")
+        lines += ["## 1. Alpaca SFT of an 8-block base: layer decay, replay and flat LR tuning", "",
+                  f"Compute: {meta['minutes'].get('alpaca', 0):.0f} min. Base: {meta['bases'].get('alpaca', '')}.", ""]
+        lines += table(s, ood) + ["", f"![frontier](llrd_study{suffix}.png)", "", "Each point vs flat at the same eval loss (flat interpolated along its LR curve):", "",
+                                  "| run | LR | eval loss | " + " | ".join(f"{n} Δ% | flat at same eval" for n in ood) + " |",
+                                  "|" + "---|" * (3 + 2 * len(ood))] + frontier_rows(s, ood) + [""]
+    if "loraplus" in results:
+        lines += ["## 2. LoRA+ (λ = 16) with and without layer decay", "",
+                  f"Compute: {meta['minutes'].get('loraplus', 0):.0f} min. LoRA r = 16 (all linear layers), same base and data as §1.", ""]
+        for ratio, cells in results["loraplus"].items():
+            s = summarize(cells)
+            lines += [f"**λ = {ratio}**", ""] + table(s, ood_names(s)) + [""]
+    if "depth" in results:
+        lines += ["## 3. Does the advantage grow with depth?", "",
+                  f"Compute: {meta['minutes'].get('depth', 0):.0f} min. Two bases of the same width (hidden 64), pre-trained on "
+                  "Shakespeare + code + Python documentation; held-out documentation documents are a third OOD set.", ""]
+        for blocks, d in results["depth"].items():
+            s = summarize(d["cells"])
+            ood = ood_names(s)
+            plot(s, ood, docs / f"depth{blocks}{suffix}.png")
+            curve = ", ".join(f"{step}: {loss:.3f}" for step, loss in d["curve"])
+            lines += [f"### {blocks} blocks", "", f"Pre-training held-out loss by step: {curve}.", ""]
+            lines += table(s, ood) + ["", f"![depth {blocks}](depth{blocks}{suffix}.png)", "",
+                                      "| run | LR | eval loss | " + " | ".join(f"{n} Δ% | flat at same eval" for n in ood) + " |",
+                                      "|" + "---|" * (3 + 2 * len(ood))] + frontier_rows(s, ood) + [""]
+    if "dpo" in results:
+        s = summarize(results["dpo"]["cells"])
+        ood = ood_names(s)
+        lines += ["## 4. DPO", "", f"Compute: {meta['minutes'].get('dpo', 0):.0f} min. Start: the §1 base after 150 flat Alpaca SFT "
+                  "steps at lr 1e-3; DPO on dpo_en_demo.json with 10% of the pairs held out for the reward metrics.", ""]
+        plot(s, ood, docs / f"dpo{suffix}.png", x="reward_accuracy", xlabel="held-out reward accuracy")
+        lines += table(s, ood, dpo=True) + ["", f"![dpo](dpo{suffix}.png)", "",
+                                            "Each point vs flat at the same held-out reward accuracy:", "",
+                                            "| run | LR | reward accuracy | " + " | ".join(f"{n} Δ% | flat at same accuracy" for n in ood) + " |",
+                                            "|" + "---|" * (3 + 2 * len(ood))] + frontier_rows(s, ood, x="reward_accuracy") + [""]
+    lines += ["Raw per-run numbers: `bench/out/study/*/*/results.json` and the cells' `eval_results.json` after a run (not committed).", ""]
+    path = docs / f"results{suffix}.md"
     kept = ""
     if path.exists() and CONCLUSIONS in path.read_text():
         kept = path.read_text().split(CONCLUSIONS, 1)[1]
     path.write_text("\n".join(lines) + "\n" + CONCLUSIONS + kept)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--study", action="append", choices=sorted(STUDIES), help="run only these studies (repeatable); default: all")
+    ap.add_argument("--quick", action="store_true", help="minutes: tiny bases, few steps, one seed")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "study"), help="work directory (models, cells, logs)")
+    ap.add_argument("--docs", default=str(ROOT / "docs"), help="where results.md and the plots go")
+    ap.add_argument("--no-docs", action="store_true", help="do not write docs/ (only the work directory)")
+    args = ap.parse_args()
+    if not SHARED.is_dir():
+        sys.exit(f"skipped: {SHARED} not found (the studies need ../shared/data)")
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
+    out = Path(args.out) / ("quick" if args.quick else "full")
+    ctx = {"out": out, "quick": args.quick, "files": prepare_data(out / "data"), "logs": out / "logs"}
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"minutes": {}, "bases": {}}
+    results = {}
+    for name in args.study or list(STUDIES):
+        print(f"study {name} ...", flush=True)
+        t0 = time.time()
+        results[name] = STUDIES[name](ctx)
+        spent = (time.time() - t0) / 60
+        if spent > 0.5 or name not in meta["minutes"]:  # a pure re-read keeps the compute of the run that measured it
+            meta["minutes"][name] = spent
+        meta["bases"][name] = "8-block llama-style, hidden 64, BPE vocab 2048, 800 pre-training steps (batch 8 × 256 tokens)"
+        meta_path.write_text(json.dumps(meta, indent=2))
+    meta.update(command="python bench/llrd_study.py" + (" --quick" if args.quick else ""), machine=machine())
+    if not args.no_docs:
+        report(results, meta, Path(args.docs), args.quick)
 
 
 if __name__ == "__main__":

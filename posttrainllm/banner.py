@@ -10,10 +10,34 @@ from rich.table import Table
 console = Console(highlight=False, soft_wrap=True)
 
 
-def fmt_lr(x: float | None) -> str:
-    from posttrainllm.llrd import format_lr
+def format_lr(x: float) -> str:
+    """3 significant digits, trailing zeros dropped, e-notation below 1e-2 (e.g. 2.32e-06, 3e-05, 0.5): enough that
+    the printed block_0/head ratio matches γ^(N-1) to better than 0.5%."""
+    if x == 0 or abs(x) >= 1e-2:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
 
+
+def fmt_lr(x: float | None) -> str:
     return "-" if x is None else format_lr(x)
+
+
+def summary_line(plan) -> str:
+    """`γ=0.95 → block_0 LR=2.57e-05, head LR=3e-05` (the lowest block's LR, clamp included, and the head's)."""
+    if not plan.structure_found:
+        return f"γ={plan.gamma:g} (flat: block list not resolved) → all LR={format_lr(plan.base_lr)}"
+    low = plan.base_lr * max(plan.gamma ** (plan.num_layers - 1), plan.min_scale)
+    text = f"γ={plan.gamma:g} → block_0 LR={format_lr(low)}, head LR={format_lr(plan.base_lr)}"
+    if plan.frozen_param_names:
+        why = f"scale < {plan.freeze_below:g}" if plan.freeze_below > 0 else "LR factor 0"
+        text += f", {len(plan.frozen_param_names)} tensors frozen ({why})"
+    extras = [f"{pattern}×{factor:g}" for pattern, factor in plan.lr_groups.items()]
+    if plan.loraplus_ratio != 1.0:
+        extras.append(f"LoRA+ B×{plan.loraplus_ratio:g}")
+    if extras:
+        text += f"; LR factors: {', '.join(extras)}"
+    return text
 
 
 def fmt_count(n: int) -> str:
@@ -32,7 +56,7 @@ def fmt_bytes(n: int) -> str:
 
 def llrd_row(plan) -> str:
     """`LR layer-decay: γ=0.95 → block_0 LR=2.3e-06, head LR=3e-05`."""
-    return f"LR layer-decay: {plan.summary_line()}"
+    return f"LR layer-decay: {summary_line(plan)}"
 
 
 def tied_row(plan) -> str | None:
@@ -43,13 +67,20 @@ def tied_row(plan) -> str | None:
 
 
 def block_table(plan) -> Table:
+    """One row per depth; a "× factors" column when --lr-group / --loraplus-ratio put extra factors on top."""
     t = Table(title="per-block learning rates", title_justify="left", show_edge=False, pad_edge=False)
-    for col, just in (("block", "left"), ("params", "right"), ("LR", "right"), ("scale", "right"), ("weight decay", "right"), ("frozen", "left")):
+    with_factors = any(r.get("factors") for r in plan.rows)
+    cols = [("block", "left"), ("params", "right"), ("LR", "right"), ("scale", "right")]
+    cols += [("× factors", "left")] if with_factors else []
+    cols += [("weight decay", "right"), ("frozen", "left")]
+    for col, just in cols:
         t.add_column(col, justify=just)
     for r in plan.rows:
         name = r["block"] + (" (tied)" if r.get("tied") else "")
         frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
-        t.add_row(name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}", f"{r['weight_decay']:g}", frozen)
+        cells = [name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}"]
+        cells += [", ".join(r.get("factors", []))] if with_factors else []
+        t.add_row(*cells, f"{r['weight_decay']:g}", frozen)
     return t
 
 
@@ -84,3 +115,32 @@ def print_forgetting(report: dict[str, dict]) -> None:
     for name, r in report.items():
         t.add_row(name, f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['change_pct']:+.2f}%")
     console.print(t)
+
+
+def print_summary(metrics: dict[str, Any], output_dir: str, *, first_step: int = 0, last_step: int | None = None) -> None:
+    """End of a run: a small table (losses, runtime, throughput, where the model went), not a Python dict.
+
+    After a resume, the trainer's train_loss covers only the resumed steps: the row says which steps."""
+    t = Table(title="run summary", title_justify="left", show_edge=False, pad_edge=False, show_header=False)
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    loss_label = "train loss" if not first_step else f"train loss (steps {first_step + 1}-{last_step}, after the resume)"
+    rows = [
+        (loss_label, metrics.get("train_loss"), "{:.4f}"),
+        ("eval loss", metrics.get("eval_loss"), "{:.4f}"),
+        ("reward accuracy (eval)", metrics.get("eval_rewards/accuracies"), "{:.3f}"),
+        ("runtime", metrics.get("train_runtime"), "{:.1f} s"),
+        ("samples/s", metrics.get("train_samples_per_second"), "{:.2f}"),
+    ]
+    for name, value, fmt in rows:
+        if isinstance(value, (int, float)):
+            t.add_row(name, fmt.format(value))
+    t.add_row("model saved to", str(output_dir))
+    console.print(t)
+
+
+def print_drift(report: dict[str, Any]) -> None:
+    from posttrainllm.drift import bar_chart
+
+    console.print("weight drift per depth (‖ΔW‖/‖W‖):")
+    console.print(bar_chart(report))

@@ -60,7 +60,7 @@ def _typer_param(o: Opt) -> inspect.Parameter:
     help_text = o.help + (" [required]" if o.required else "")
     if o.type is bool:
         ann = Annotated[Optional[bool], typer.Option(o.cli_flag, help=help_text, show_default=False, rich_help_panel=o.panel)]
-    elif o.type is list:
+    elif o.type in (list, dict):
         ann = Annotated[Optional[list[str]], typer.Option(o.cli_flag, help=help_text, metavar=o.metavar, show_default=False, rich_help_panel=o.panel)]
     else:
         shown = None if o.default is None else str(o.default)
@@ -137,6 +137,12 @@ def _eval(cfg):
     run.evaluate(cfg)
 
 
+def _generate(cfg):
+    from posttrainllm import generate
+
+    generate.run(cfg)
+
+
 def _demo(cfg):
     from posttrainllm import demo
 
@@ -148,7 +154,57 @@ _register("sft", "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages
 _register("dpo", "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).", _sft)
 _register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _sft)
 _register("eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval)
+_register("generate", "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.", _generate)
 _register("demo", "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.", _demo)
+
+
+SWEEP_HELP = """Choose γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every cell of a grid and
+recommend a cell.
+
+\b
+  posttrainllm sweep sft --model M --dataset D --eval-split 0.1 --ood-eval FILE [--ood-eval FILE2]
+      --llrd 1.0,0.9,0.8 --lr 1e-5,2e-5,5e-5 [--seeds 0,1,2] [--replay-dataset F --replay-ratio 0,0.25]
+      [--jobs N] [--max-forgetting 5] [--output-dir DIR] [--discard-weights] [other COMMAND options]
+
+\b
+Sweep options (comma-separated lists):
+  --llrd G1,G2,...          layer-decay γ values (1.0 = flat) [default: 1.0]
+  --lr LR1,LR2,...          base learning rates [required]
+  --replay-ratio R1,...     replay ratios (0 = no replay; needs --replay-dataset) [default: 0]
+  --seeds S1,S2,...         seeds; cells are averaged over them [default: 0]
+  --jobs N                  cells run in parallel (CPU: threads split; GPUs: one per job) [default: 1]
+  --max-forgetting PCT      forgetting budget of the recommendation, in % [default: 5]
+  --output-dir DIR          results.json, results.md, frontier.png, cells/ [default: runs/sweep-COMMAND-NAME]
+  --discard-weights         delete each cell's model weights once measured (keeps disk use small)
+
+Every cell is a normal COMMAND run (its options as usual, --eval-split or --eval-dataset and at least one
+--ood-eval required); finished cells are skipped when the sweep is run again."""
+
+
+@app.command("sweep", help=SWEEP_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def _sweep_command(ctx: typer.Context, command: Annotated[str, typer.Argument(help="sft, dpo or finetune", metavar="COMMAND")]) -> None:
+    args = list(ctx.args)
+    debug = "--debug" in args
+
+    def go():
+        from posttrainllm import sweep
+
+        spec = sweep.parse(command, args)
+        from rich.console import Console
+
+        console = Console(highlight=False, soft_wrap=True)
+        result = sweep.run(spec, echo=console.print)
+        for line in sweep.recommendation_lines(result):
+            console.print(line)
+        if result.get("plot_note"):
+            console.print(f"[yellow]note:[/] {result['plot_note']}")
+        console.print(f"results: {spec.output_dir / 'results.md'}")
+        if result["failed"] and not result["summary"]:
+            raise sweep.PosttrainError(f"every cell failed; see the logs in {spec.output_dir / 'logs'}")
+
+    code = guarded(go, debug)
+    if code:
+        raise typer.Exit(code)
 
 
 def _version_callback(value: bool):
@@ -159,7 +215,7 @@ def _version_callback(value: bool):
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = None,
+    version: Annotated[Optional[bool], typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = None,
 ):
     """LLM post-training with layer-wise learning-rate decay."""
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import reprlib
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from posttrainllm.constants import TIED_POLICIES
 from posttrainllm.errors import ConfigErrors, UsageError
 
 TRAIN_COMMANDS = ("sft", "dpo", "finetune")
-ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "demo")
+ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "generate", "demo")
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
@@ -26,7 +28,7 @@ LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"
 
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-TIED_POLICIES = ("embedding", "head")  # mirrors posttrainllm.llrd.TIED_POLICIES (kept here to stay torch-free)
+REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "all")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,6 +63,15 @@ def seed_range(v):
     return None if 0 <= v < 2**32 else "must be an integer in [0, 2**32 - 1]"
 
 
+def lr_factor(item):
+    pattern, factor = item
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f"pattern {shorten(pattern, 60)!r} is not a valid regular expression ({e})"
+    return None if math.isfinite(factor) and factor >= 0 else f"factor of {shorten(pattern, 60)!r} must be a finite number >= 0 (0 freezes)"
+
+
 def positive_int(v):
     return None if v > 0 else "must be a positive integer"
 
@@ -82,7 +93,7 @@ class Opt:
     """One option: its recipe key is `name`, its flag is `--name-with-dashes` (or `flag`)."""
 
     name: str
-    type: type  # float, int, str, bool, list
+    type: type  # float, int, str, bool, list, dict (repeatable KEY=VALUE on the command line, a mapping in recipes)
     default: Any
     help: str
     commands: tuple[str, ...]
@@ -93,6 +104,7 @@ class Opt:
     required: bool = False
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"
+    item: type = float  # dict options: the type of the values (float, or object = kept as given and checked later)
 
     @property
     def cli_flag(self) -> str:
@@ -113,13 +125,15 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("ref_model", str, None, "DPO reference model (default: a frozen copy of --model).", ("dpo",), metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("model_config", str, "small", "Preset (tiny, small, base) or a config.json path for the from-scratch model.", ("pretrain",), metavar="PRESET_OR_PATH", panel="Inputs"),
     Opt("vocab_size", int, 4096, "Vocabulary size of the byte-level BPE tokenizer trained on the corpus.", ("pretrain",), positive_int, "N", panel="Inputs"),
-    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", TR + ("eval",), panel="Inputs"),
+    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", TR + ("eval", "generate"), panel="Inputs"),
     # layer-wise LR decay
     Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE}: block i of N trains at lr×γ^(N-1-i). Absent: 1.0 (flat). Bare --llrd: {LLRD_BARE}.", TR, llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
     Opt("lr_layer_decay", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE} for pre-training (same rule as --llrd).", ("pretrain",), llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
     Opt("llrd_min_scale", float, 0.0, "Clamp: no block trains below lr×SCALE.", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
     Opt("llrd_freeze_below", float, 0.0, "Freeze parameters whose LR scale is below SCALE (no optimizer state).", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
     Opt("llrd_blocks", str, None, "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).", TRP, metavar="PATH", panel="Layer-wise LR decay"),
+    Opt("lr_groups", dict, {}, "Multiply the LR of parameters whose name matches the regex PATTERN by FACTOR, on top of their depth's scale: lr = base × γ^(N-1-i) × FACTOR (repeatable; FACTOR 0 freezes; recipe key lr_groups: a mapping).", TRP, lr_factor, "PATTERN=FACTOR", flag="--lr-group", panel="Layer-wise LR decay"),
+    Opt("loraplus_ratio", float, 1.0, "LoRA+: train LoRA B matrices at RATIO × their block's LR (A matrices at 1×); needs --lora-r. LoRA+ suggests 16.", TR, positive, "RATIO", panel="LoRA"),
     Opt("tied_embeddings", str, "head", "LR of a tied input/output embedding matrix: 'head' (base LR, the measured default) or 'embedding' (decayed like block 0).", TRP, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
     # optimisation
     Opt("lr", float, None, "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.", TRP, positive, "FLOAT"),
@@ -132,10 +146,14 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("batch_size", int, 8, "Per-device batch size.", TRP, positive_int, "N"),
     Opt("grad_accum", int, 1, "Gradient accumulation steps.", TRP, positive_int, "N"),
     Opt("max_length", int, None, "Maximum sequence length in tokens (default 512; pretrain 256).", TRP + ("eval",), positive_int, "N"),
-    Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRP, seed_range, "N"),
+    Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRP + ("generate",), seed_range, "N"),
     Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
     Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRP, one_of(PRECISIONS), "NAME"),
     Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRP),
+    Opt("report_to", str, "none", "Experiment tracking: none, tensorboard, wandb, trackio or all (per-block LRs are logged as lr/block_i).", TRP, one_of(REPORT_TO), "NAME", panel="Run"),
+    Opt("ddp_timeout", int, 1800, "Seconds a distributed rank waits for the others before failing (transformers' default: 1800).", TRP, positive_int, "SECONDS", panel="Run"),
+    Opt("trainer_args", dict, {}, "Any other SFTConfig / DPOConfig / TrainingArguments field, checked against the installed version (repeatable, e.g. --trainer-arg packing=true; recipe key trainer_args: a mapping).", TRP, metavar="KEY=VALUE", flag="--trainer-arg", item=object),
+    Opt("model_args", dict, {}, "Keyword argument for from_pretrained (repeatable, e.g. --model-arg attn_implementation=sdpa; recipe key model_args: a mapping).", TR, metavar="KEY=VALUE", flag="--model-arg", item=object, panel="Inputs"),
     # LoRA
     Opt("lora_r", int, None, "Train LoRA adapters of this rank instead of all weights (needs `pip install peft`).", TR, positive_int, "R", panel="LoRA"),
     Opt("lora_alpha", float, None, "LoRA alpha (default 2×r).", TR, positive, "FLOAT", panel="LoRA"),
@@ -160,6 +178,15 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("json", bool, False, "Print only a JSON object with the results.", ("eval",), panel="Run", recipe=False),
     Opt("eval_batch_size", int, 8, "Windows per forward pass.", ("eval",), positive_int, "N"),
     Opt("quick", bool, False, "Smaller demo (about a minute).", ("demo",), panel="Run"),
+    # generate
+    Opt("prompt", str, None, "Prompt to complete (printed to stdout).", ("generate",), metavar="TEXT", panel="Inputs"),
+    Opt("prompts", str, None, "File of prompts: one per line, or JSON Lines with prompt / messages / instruction; writes JSON Lines.", ("generate",), metavar="FILE", panel="Inputs"),
+    Opt("system", str, None, "System message put before the prompt.", ("generate",), metavar="TEXT", panel="Inputs"),
+    Opt("prompt_format", str, "auto", "auto (the chat template when the tokenizer has one, else plain), chat, alpaca (the template sft uses for Alpaca data) or plain.", ("generate",), one_of(("auto", "chat", "alpaca", "plain")), "FORMAT"),
+    Opt("max_new_tokens", int, 128, "Most tokens to generate per prompt.", ("generate",), positive_int, "N"),
+    Opt("temperature", float, 0.0, "Sampling temperature (0 = greedy).", ("generate",), non_negative, "T"),
+    Opt("top_p", float, 1.0, "Nucleus sampling: keep the smallest token set with this much probability.", ("generate",), unit_interval, "P"),
+    Opt("output", str, None, "With --prompts: write the JSON Lines here instead of stdout.", ("generate",), metavar="FILE", panel="Run"),
     # everywhere
     Opt("recipe", str, None, "YAML recipe: keys are these option names; command-line flags override it.", ALL_COMMANDS[:4] + ("eval",), metavar="FILE", panel="Run", recipe=False),
     Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
@@ -174,7 +201,8 @@ COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "finetune": 512, "pretrain
 
 
 DEMO_OUTPUT = Opt("output_dir", str, "demo-output", "Directory for the demo's data, models and results.", ("demo",), metavar="DIR", panel="Inputs")
-EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT}
+GENERATE_MODEL = Opt("model", str, None, "Model to generate with: a local directory or hub id.", ("generate",), metavar="PATH_OR_HUB_ID", required=True, panel="Inputs")
+EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT, "generate": GENERATE_MODEL}
 
 
 def options_for(command: str) -> list[Opt]:
@@ -221,6 +249,24 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             if isinstance(raw, str) and raw.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
                 return raw.lower() in ("true", "yes", "1", "on"), None
             raise ValueError
+        if t is dict:  # KEY=VALUE entries (command line) or a mapping (recipe)
+            items = list(raw.items()) if isinstance(raw, dict) else raw if isinstance(raw, (list, tuple)) else [raw]
+            out = {}
+            for item in items:
+                if isinstance(item, tuple):
+                    key, value = item
+                elif isinstance(item, str) and "=" in item:  # a pattern may hold "=", a factor never; a value may
+                    key, value = item.rsplit("=", 1) if opt.item is float else item.split("=", 1)
+                else:
+                    raise ValueError
+                if not isinstance(key, str) or not key.strip():
+                    raise ValueError
+                if opt.item is float:
+                    if isinstance(value, (bool, dict, list)):
+                        raise ValueError
+                    value = float(value)
+                out[key.strip() if opt.item is not float else key] = value
+            return out, None
         if t is list:
             if isinstance(raw, (list, tuple)):
                 if not all(isinstance(x, (str, int, float)) for x in raw):
@@ -247,7 +293,8 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             return str(raw), None
     except (TypeError, ValueError):
         pass
-    kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string"}[t]
+    kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string",
+            dict: f"{opt.metavar} entries (a mapping in recipes)"}[t]
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
     return None, f"{where}: expected {kind}{extra}, got {quote(raw)}"
 
@@ -388,7 +435,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, o in opts.items():
-        values[name] = list(o.default) if isinstance(o.default, list) else o.default
+        values[name] = type(o.default)(o.default) if isinstance(o.default, (list, dict)) else o.default
         sources[name] = "default"
 
     recipe_path = cli_values.get("recipe")
@@ -412,7 +459,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
     for key, raw in cli_values.items():
         if raw is None or key not in opts:
             continue
-        if opts[key].type is list and raw == []:
+        if opts[key].type in (list, dict) and raw == []:
             continue
         v, problem = _coerce(opts[key], raw, "cli")
         if problem:
@@ -427,7 +474,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
                 problems.append(f"missing {o.cli_flag} (or recipe key '{name}')")
             continue
         if o.check is not None and sources[name] != "default":
-            items = v if isinstance(v, list) else [v]
+            items = v if isinstance(v, list) else list(v.items()) if isinstance(v, dict) else [v]
             for item in items:
                 problem = o.check(item)
                 if problem:
@@ -469,6 +516,14 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for key in ("lora_alpha", "lora_dropout"):
         if v.get(key) and not v.get("lora_r"):
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")
+    if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
+        problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
+    if command == "generate" and (v.get("prompt") is None) == (v.get("prompts") is None):
+        problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
+    if command == "generate" and v.get("output") and v.get("prompt") is not None:
+        problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
+    if command == "generate" and v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
+        problems.append(f"--prompts: {v['prompts']} does not exist")
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
     for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):

@@ -88,15 +88,77 @@ def load_tokenizer(ref: str, trust_remote_code: bool = False, *, need_eos: bool 
     return tok
 
 
-def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "fp32", what: str = "--model"):
-    """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors."""
+# --model-arg keys that a first-class option owns, and the from_pretrained keywords that make no sense here
+_MODEL_ARG_OWNER = {"trust_remote_code": "--trust-remote-code", "pretrained_model_name_or_path": "--model"}
+_LOAD_KWARGS = {
+    "attn_implementation", "cache_dir", "device_map", "dtype", "experts_implementation", "force_download",
+    "gguf_file", "ignore_mismatched_sizes", "key_mapping", "local_files_only", "low_cpu_mem_usage", "max_memory",
+    "offload_buffers", "offload_folder", "quantization_config", "revision", "subfolder", "token", "use_kernels",
+    "use_safetensors", "variant", "weights_only", "disable_mmap",
+}
+
+
+def _yaml_scalar(value: Any) -> Any:
+    """A command-line string as YAML would read it ("true" → True, "8" → 8, "{...}" → dict); other values as given."""
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    try:
+        return yaml.safe_load(value) if value.strip() else value
+    except yaml.YAMLError:
+        return value
+
+
+def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = False) -> dict[str, Any]:
+    """--model-arg KEY=VALUE: a from_pretrained keyword or a field of the model's config (from_pretrained passes
+    those on to the config); anything else is a UsageError naming the closest keys. `torch_dtype` means `dtype`."""
+    import difflib
+
+    from posttrainllm.errors import ConfigErrors
+
+    if not raw:
+        return {}
+    config_keys: set[str] = set()
+    try:
+        from transformers import AutoConfig
+
+        config_keys = set(AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code).to_dict())
+    except Exception:  # noqa: BLE001 - the model load reports an unreadable config
+        pass
+    valid = _LOAD_KWARGS | config_keys
+    problems, out = [], {}
+    for key, value in raw.items():
+        name = "dtype" if key == "torch_dtype" else key
+        if name in _MODEL_ARG_OWNER:
+            problems.append(f"--model-arg {key}: set it with {_MODEL_ARG_OWNER[name]}")
+        elif name not in valid:
+            close = difflib.get_close_matches(name, sorted(valid), 3)
+            problems.append(f"--model-arg {key}: not a from_pretrained argument nor a config field of {ref}"
+                            + (f"; did you mean {', '.join(close)}?" if close else ""))
+        else:
+            out[name] = _yaml_scalar(value)
+    if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
+        import torch
+
+        if not isinstance(getattr(torch, out["dtype"], None), torch.dtype):
+            problems.append(f"--model-arg dtype={out['dtype']}: not a torch dtype (e.g. bfloat16, float16, float32, auto)")
+    if problems:
+        raise ConfigErrors(problems)
+    return out
+
+
+def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "fp32", what: str = "--model", model_args: dict | None = None):
+    """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors.
+    `model_args` (checked by check_model_args) are passed on to from_pretrained."""
     import torch
     from transformers import AutoModelForCausalLM
 
     check_model_ref(ref, what)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float32}[precision]  # fp16: AMP on fp32 weights
+    kwargs = {"dtype": dtype, **(model_args or {})}
     try:
-        model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, **kwargs)
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise UsageError(f"{ref} contains custom code; re-run with --trust-remote-code if you trust it") from e

@@ -14,21 +14,42 @@ from pathlib import Path
 
 from posttrainllm import banner, checkpoints, outdir
 from posttrainllm.checkpoints import is_rank0, write_json
-from posttrainllm.errors import TrainingError, UsageError
+from posttrainllm.errors import ModelStructureError, TrainingError, UsageError
 
 TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
 
 
-def llrd_settings(cfg) -> dict:
-    """Keyword arguments for llrd.build_param_groups from the run config (pretrain's key is lr_layer_decay)."""
-    return dict(
-        gamma=cfg.gamma,
-        weight_decay=cfg.weight_decay,
-        tied_policy=cfg.tied_embeddings,
-        min_scale=cfg.llrd_min_scale,
-        freeze_below=cfg.llrd_freeze_below,
-        block_path=cfg.llrd_blocks,
-    )
+def plan_param_groups(cfg, model):
+    """The run's one LLRD plan (llrd.build_param_groups), with freezing applied; library errors get the CLI's words.
+
+    The plan printed in the banner and saved as param_groups.json is the plan the trainer's optimizer receives."""
+    from posttrainllm import llrd
+
+    try:
+        plan = llrd.build_param_groups(
+            model,
+            cfg.lr,
+            cfg.gamma,
+            cfg.weight_decay,
+            tied_policy=cfg.tied_embeddings,
+            min_scale=cfg.llrd_min_scale,
+            freeze_below=cfg.llrd_freeze_below,
+            block_path=cfg.llrd_blocks,
+            lr_groups=cfg.lr_groups,
+            loraplus_ratio=cfg.values.get("loraplus_ratio", 1.0),
+        )
+    except llrd.BlockStructureError as e:
+        example = e.candidates[0][0] if e.candidates else "model.layers"
+        raise ModelStructureError(
+            f"LLRD: {e}. Fix: name the block list with --llrd-blocks PATH (recipe key `llrd_blocks`), "
+            f"e.g. --llrd-blocks {example}; or use γ = 1 (no layer-wise decay)"
+        ) from None
+    except ValueError as e:
+        text = str(e)
+        flag = "--llrd-blocks" if "block list" in text else "--lr-group" if "LR group" in text else "--loraplus-ratio" if "loraplus" in text else "layer-wise LR decay"
+        raise UsageError(f"{flag}: {text}") from None
+    llrd.apply_freeze(plan)
+    return plan
 
 
 def _prepare_output(cfg):
@@ -132,13 +153,23 @@ def _mix_blocks(train, replay, ratio: float, seed: int):
     return datasets.concatenate_datasets([train, replay.select(idx.tolist())]).shuffle(seed=seed)
 
 
+def _check_trainer_args(cfg, kind: str, precision: str) -> dict:
+    """--trainer-arg values checked (and the whole trainer config built once) before any model is loaded."""
+    from posttrainllm.trainers import check_trainer_args, trainer_config
+
+    trainer_config(kind, cfg, precision, has_eval=bool(cfg.eval_split or cfg.eval_dataset))
+    return check_trainer_args(kind, cfg.trainer_args or {})
+
+
 def _clamp_max_length(cfg, limit: int | None) -> list[str]:
-    """--max-length above the model's positions would crash models with learned position embeddings: clamp it."""
+    """--max-length above the model's positions would crash models with learned position embeddings: clamp it
+    (with a note when the user asked for more; the default simply becomes the model's limit)."""
     if limit is None or cfg.max_length <= limit:
         return []
+    asked = cfg.sources.get("max_length") != "default"
     note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
     cfg.values["max_length"] = limit
-    return [note]
+    return [note] if asked else []
 
 
 def train(cfg) -> None:
@@ -156,29 +187,33 @@ def _train(cfg, run_dir, resume_from) -> None:
 
     from posttrainllm import models
     from posttrainllm.config import producing_recipe
+    from posttrainllm.trainers import quiet_progress_bars
+
+    quiet_progress_bars()
     from posttrainllm.data import describe
-    from posttrainllm.llrd import build_param_groups
     from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
+    trainer_args = _check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
     models.check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.values, cfg.model))
+    model_args = models.check_model_args(cfg.model, cfg.model_args, cfg.trust_remote_code)
     if cfg.command == "dpo" and cfg.ref_model:
         models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.values, cfg.ref_model))
     notes: list[str] = []
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes)
     notes += _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
     prepared = _prepare_data(cfg, tokenizer)
-    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args)
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
-        ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model") if cfg.ref_model else copy.deepcopy(model)
+        ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model", model_args=model_args) if cfg.ref_model else copy.deepcopy(model)
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
 
-    plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
+    plan = plan_param_groups(cfg, model)
     notes += [n for n in (prepared.template_note,) if n]
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
@@ -195,11 +230,12 @@ def _train(cfg, run_dir, resume_from) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, notes, {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval}, run_dir):
+    resolved = {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args, "model_args": {k: str(v) for k, v in model_args.items()}}
+    if _show_plan(cfg, info, plan, notes, resolved, run_dir):
         return
 
     before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
-    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, run_dir, ref_model=ref_model, before=before)
+    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, run_dir, plan, ref_model=ref_model, before=before)
 
 
 def _at_last_step(trainer, checkpoint: Path) -> int | None:
@@ -212,14 +248,12 @@ def _at_last_step(trainer, checkpoint: Path) -> int | None:
     return step if step >= max_steps else None
 
 
-def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, *, ref_model=None, before=None) -> None:
+def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, plan, *, ref_model=None, before=None) -> None:
     from posttrainllm.trainers import build_trainer
 
     guard = checkpoints.InterruptGuard()
     callbacks = [checkpoints.make_callback(guard)]
-    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, llrd_settings=llrd_settings(cfg), ref_model=ref_model, callbacks=callbacks)
-    if kind in ("sft", "dpo"):
-        run_dir.own(["README.md"])  # TRL writes its model card at the top of the output directory
+    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, plan=plan, ref_model=ref_model, callbacks=callbacks)
     t0 = time.time()
     last = _at_last_step(trainer, resume_from) if resume_from else None
     if last is not None:  # training had ended; only the final save is missing: no extra step
@@ -280,12 +314,15 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from posttrainllm import data, models
-    from posttrainllm.llrd import build_param_groups
+    from posttrainllm.trainers import quiet_progress_bars
+
+    quiet_progress_bars()
     from posttrainllm.trainers import check_optim_name, total_steps
 
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
+    trainer_args = _check_trainer_args(cfg, "causal_lm", precision)
     models.check_model_config(cfg.model_config)
     texts = [r["text"] for r in data.read_records(cfg.dataset) if isinstance(r.get("text"), str)]
     if not texts:
@@ -298,7 +335,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
     prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples)
     config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
     model = AutoModelForCausalLM.from_config(config)
-    plan = build_param_groups(model, cfg.lr, **llrd_settings(cfg))
+    plan = plan_param_groups(cfg, model)
     info = {
         "model": f"from scratch: {cfg.model_config} ({config.model_type}, {plan.num_layers} blocks, {banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
         "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens, trained on the corpus",
@@ -308,12 +345,12 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         "precision": f"{precision} on {_device_name()}",
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval}, run_dir):
+    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args}, run_dir):
         return
     if is_rank0():
         run_dir.own(["tokenizer"])
         tokenizer.save_pretrained(str(tok_dir))
-    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from, run_dir)
+    _run_trainer(cfg, "causal_lm", model, tokenizer, prepared, precision, resume_from, run_dir, plan)
 
 
 def evaluate(cfg) -> None:
@@ -321,7 +358,9 @@ def evaluate(cfg) -> None:
     from posttrainllm import evaluate as ev
     from posttrainllm.config import producing_recipe
     from posttrainllm.models import check_model_ref
+    from posttrainllm.trainers import quiet_progress_bars
 
+    quiet_progress_bars()
     if not Path(cfg.model).expanduser().exists():  # a hub id: offline and not cached is a usage error
         check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.values, cfg.model))
     model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)

@@ -7,37 +7,48 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import sys
 from typing import Any
 
 from posttrainllm.errors import DataError, ModelError, TrainingError, UsageError
-from posttrainllm.llrd import build_param_groups
 
 
 class LLRDMixin:
-    """Mixed in before a transformers/TRL trainer class.
+    """Mixed in before a transformers/TRL trainer class; `llrd_plan` is the run's one plan (llrd.LLRDPlan).
 
-    `llrd_settings` holds the keyword arguments of `build_param_groups` except the base LR (taken from
-    `args.learning_rate`). The optimizer class and its kwargs come from the user's `--optim` via
-    `get_optimizer_cls_and_kwargs`, so fused/foreach AdamW, Adafactor, 8-bit AdamW... all get our groups;
-    optimizers that build their own groups (GaLore, LOMO, Muon...) are refused when γ < 1.
+    The optimizer gets the plan's groups (re-mapped by name onto the trainer's model when it wraps it), with the
+    optimizer class and kwargs from the user's `--optim` via `get_optimizer_cls_and_kwargs`, so fused/foreach
+    AdamW, Adafactor, 8-bit AdamW... all get our groups. Optimizers that build their own groups (GaLore, LOMO,
+    Muon...) are refused when the plan scales any depth, and get transformers' own setup when it does not.
     """
 
-    llrd_settings: dict[str, Any] | None = None
     llrd_plan = None
 
     def create_optimizer(self, model=None):
-        if self.optimizer is not None or not _llrd_active(self.llrd_settings):
-            # γ = 1 without clamp/freeze: transformers' own two-group AdamW, exactly a flat run
+        plan = self.llrd_plan
+        if self.optimizer is not None or plan is None:
             return super().create_optimizer(model)
         opt_model = self.model if model is None else model
-        plan = build_param_groups(opt_model, self.args.learning_rate, **self.llrd_settings)
         optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         if not inspect.isclass(optimizer_cls) or {"params", "model", "optimizer_dict"} & set(kwargs):
-            raise UsageError(f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd")
-        _check_same_groups_on_every_rank(plan)
-        self.optimizer = optimizer_cls(plan.groups, **kwargs)
-        self.llrd_plan = plan
+            if plan.lr_scaled:
+                raise UsageError(
+                    f"--optim {self.args.optim} builds its own parameter groups, so it cannot apply layer-wise LR "
+                    "decay; use an AdamW variant (e.g. adamw_torch) or drop --llrd"
+                )
+            return super().create_optimizer(model)
+        try:
+            groups = plan.groups_for(opt_model)
+        except ValueError as e:
+            raise ModelError(f"the trainer's model differs from the planned one: {e}") from None
+        groups = _split_by_device_mesh(groups)
+        _check_same_groups_on_every_rank(groups)
+        self.optimizer = optimizer_cls(groups, **kwargs)
         return self.optimizer
+
+    def create_model_card(self, *args, **kwargs):
+        # TRL writes a generic card at every checkpoint; posttrainllm writes its own once the final model is saved.
+        return None
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Loading an optimizer state dict restores the *saved* group LRs. Resuming is refused when the LR settings
@@ -63,13 +74,21 @@ class LLRDMixin:
             sched._last_lr = [g["lr"] for g in groups]
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        # HF logs only group 0's LR (the embeddings when LLRD is on): add the smallest and largest group LR at the
-        # same point of the schedule (every group follows the same schedule, so scale by the initial ratios).
+        # HF logs group 0's LR, which is the embeddings' under layer decay. Log the base (head) LR as
+        # `learning_rate`, plus the smallest and largest group LR at the same point of the schedule (every group
+        # follows the same schedule, so the current LRs keep the initial ratios).
         if self.optimizer is not None and "learning_rate" in logs:
             initial = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
             if initial and initial[0] > 0:
-                logs["lr_min"] = logs["learning_rate"] * min(initial) / initial[0]
-                logs["lr_max"] = logs["learning_rate"] * max(initial) / initial[0]
+                now = logs["learning_rate"] / initial[0]  # the schedule factor at this step
+                base = self.llrd_plan.base_lr if self.llrd_plan is not None else max(initial)
+                logs["learning_rate"] = base * now
+                logs["lr_min"] = min(initial) * now
+                logs["lr_max"] = max(initial) * now
+                plan = self.llrd_plan
+                if plan is not None and plan.lr_scaled:  # every depth's LR as its own scalar (lr/block_0 ...)
+                    for row in plan.rows:
+                        logs[f"lr/{row['block']}"] = row["lr"] * now
         super().log(logs, *args, **kwargs)
 
 
@@ -147,11 +166,87 @@ class DivergenceGuardMixin:
                 f"({kept}). Try a lower --lr (now {self.args.learning_rate:g}), a warmup (--warmup-ratio 0.05) or --precision fp32")
 
 
-def _llrd_active(settings: dict[str, Any] | None) -> bool:
-    return bool(settings) and (settings.get("gamma", 1.0) < 1.0 or settings.get("min_scale", 0) > 0 or settings.get("freeze_below", 0) > 0)
+def interactive() -> bool:
+    """Progress bars only on a terminal: in a log file (CI, nohup) they are hundreds of redrawn lines."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
 
 
-def _check_same_groups_on_every_rank(plan) -> None:
+def quiet_progress_bars() -> None:
+    """Outside a terminal, turn off the progress bars of datasets, transformers and the hub (loading, mapping)."""
+    if interactive():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+_HIDDEN_LOG_KEYS = ("total_flos", "lr_min", "lr_max")
+
+
+def log_line(logs: dict[str, Any], step: int, max_steps: int) -> str | None:
+    """One readable line per logging step (`step 10/200 · loss 2.3456 · lr 1e-03 · ...`); None for the trainer's
+    end-of-training metrics, which the run summary prints as a table."""
+    if "train_runtime" in logs:
+        return None
+    parts = [f"step {step}/{max_steps}"]
+    for key, value in logs.items():
+        if key in _HIDDEN_LOG_KEYS or key.startswith("lr/"):
+            continue
+        name = {"learning_rate": "lr"}.get(key, key)
+        if isinstance(value, float):
+            text = f"{value:.3g}" if name in ("lr", "grad_norm", "epoch") or abs(value) < 1e-3 else f"{value:.4f}"
+        else:
+            text = str(value)
+        parts.append(f"{name} {text}")
+    return " · ".join(parts)
+
+
+def _log_callbacks():
+    from transformers.trainer_callback import ProgressCallback, TrainerCallback
+
+    class PlainLogCallback(TrainerCallback):
+        """Without a terminal: one plain line per logging step, no progress bars."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            line = log_line(logs or {}, state.global_step, state.max_steps)
+            if state.is_world_process_zero and line:
+                print(line, flush=True)
+
+    class BarLogCallback(ProgressCallback):
+        """On a terminal: transformers' progress bars, with the same plain lines instead of printed dicts."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            line = log_line(logs or {}, state.global_step, state.max_steps)
+            if state.is_world_process_zero and self.training_bar is not None and line:
+                self.training_bar.write(line)
+
+    return PlainLogCallback, BarLogCallback
+
+
+def _split_by_device_mesh(groups: list[dict]) -> list[dict]:
+    """Parameters on different device meshes (FSDP2 on a 2-D mesh, expert parallelism) cannot share one
+    fused/foreach kernel call: give each mesh its own group, as transformers does for its own groups."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return groups
+    out = []
+    for g in groups:
+        meshes: dict = {}
+        for p in g["params"]:
+            meshes.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+        out.extend({**g, "params": params} for params in meshes.values())
+    return out
+
+
+def _check_same_groups_on_every_rank(groups: list[dict]) -> None:
     """Under DDP/FSDP every rank must build identical groups (names, LRs, parameter shapes), or ranks diverge."""
     import torch.distributed as dist
 
@@ -159,7 +254,7 @@ def _check_same_groups_on_every_rank(plan) -> None:
         return
     import hashlib
 
-    desc = [(g["name"], g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in plan.groups]
+    desc = [(g["name"], g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in groups]
     mine = hashlib.sha256(repr(desc).encode()).hexdigest()
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
@@ -211,7 +306,6 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
-        save_safetensors=True,
         logging_steps=cfg.logging_steps,
         logging_first_step=True,
         logging_nan_inf_filter=False,  # a NaN/inf loss must reach the divergence check, not be averaged away
@@ -220,8 +314,9 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         activation_checkpointing=cfg.gradient_checkpointing,
-        report_to=[],
-        disable_tqdm=False,
+        report_to=cfg.report_to,
+        ddp_timeout=cfg.ddp_timeout,
+        disable_tqdm=not interactive(),
         use_cpu=precision == "fp32" and not _cuda_available(),
         ddp_backend="gloo" if not _cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         ddp_find_unused_parameters=False,
@@ -236,36 +331,206 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _filter_kwargs(config_cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+def make_config(config_cls, **kwargs: Any):
+    """`config_cls(**kwargs)` where every keyword must be a field of the installed class: an unknown one (a renamed
+    or removed transformers/TRL argument) is an error naming it and the closest fields, never dropped silently."""
+    import difflib
+
     fields = set(getattr(config_cls, "__dataclass_fields__", {}))
-    return {k: v for k, v in kwargs.items() if k in fields}
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        hints = "; ".join(f"{k} (closest: {', '.join(difflib.get_close_matches(k, fields, 3)) or 'none'})" for k in unknown)
+        raise UsageError(f"{config_cls.__name__} of the installed version has no argument {hints}")
+    return config_cls(**kwargs)
 
 
-def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, llrd_settings: dict[str, Any], ref_model=None, callbacks=()):
-    """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed."""
-    has_eval = eval_ds is not None
+# Trainer fields that a first-class option sets: --trainer-arg may not set them (the option is the one place).
+FIRST_CLASS = {
+    "learning_rate": "--lr", "weight_decay": "--weight-decay", "optim": "--optim", "lr_scheduler_type": "--lr-scheduler",
+    "warmup_steps": "--warmup-ratio", "warmup_ratio": "--warmup-ratio", "max_steps": "--max-steps",
+    "num_train_epochs": "--epochs", "per_device_train_batch_size": "--batch-size", "per_device_eval_batch_size": "--batch-size",
+    "gradient_accumulation_steps": "--grad-accum", "seed": "--seed", "data_seed": "--seed", "save_steps": "--save-steps",
+    "save_total_limit": "--save-total-limit", "logging_steps": "--logging-steps", "eval_steps": "--eval-steps",
+    "bf16": "--precision", "fp16": "--precision", "activation_checkpointing": "--gradient-checkpointing",
+    "gradient_checkpointing": "--gradient-checkpointing", "output_dir": "--output-dir", "max_length": "--max-length",
+    "beta": "--beta", "report_to": "--report-to", "ddp_timeout": "--ddp-timeout", "dataset_num_proc": "--dataset-num-proc",
+    "resume_from_checkpoint": "--resume", "overwrite_output_dir": "--overwrite",
+}
+
+
+def _config_class(kind: str):
+    if kind == "sft":
+        from trl import SFTConfig
+
+        return SFTConfig
+    if kind == "dpo":
+        from trl import DPOConfig
+
+        return DPOConfig
+    if kind == "causal_lm":
+        from transformers import TrainingArguments
+
+        return TrainingArguments
+    raise ValueError(kind)  # pragma: no cover - programming error
+
+
+def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """--trainer-arg KEY=VALUE / recipe trainer_args, checked against the installed config class: unknown keys (with
+    the closest names), keys a first-class option owns, and values of the wrong type are UsageErrors (exit 2);
+    values are coerced to the field's type ("true" → True, "8" → 8, JSON for lists/dicts)."""
+    import difflib
+
+    from posttrainllm.errors import ConfigErrors
+
+    cls = _config_class(kind)
+    hints = _field_types(cls)
+    problems, out = [], {}
+    for key, value in raw.items():
+        if key in FIRST_CLASS:
+            problems.append(f"--trainer-arg {key}: set it with {FIRST_CLASS[key]} (the option posttrainllm owns)")
+        elif key not in hints:
+            close = difflib.get_close_matches(key, list(hints), 3)
+            problems.append(f"--trainer-arg {key}: not a field of {cls.__name__}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        else:
+            try:
+                out[key] = coerce(value, hints[key])
+            except ValueError:
+                problems.append(f"--trainer-arg {key}={_clip(value)}: expected {_type_name(hints[key])}")
+    if problems:
+        raise ConfigErrors(problems)
+    return out
+
+
+def _clip(value: Any, n: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _field_types(cls) -> dict[str, Any]:
+    import dataclasses
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: treat those fields as Any
+        hints = {}
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def coerce(value: Any, hint: Any) -> Any:
+    """`value` (a command-line string or a YAML value) as type `hint`; ValueError when it cannot be."""
+    import enum
+    import json
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args):
+            if type(None) in args:
+                return None
+        for arg in sorted((a for a in args if a is not type(None)), key=lambda a: a is str):  # str last: it takes anything
+            try:
+                return coerce(value, arg)
+            except (ValueError, TypeError):
+                continue
+        raise ValueError
+    if origin is typing.Literal:
+        for arg in args:
+            if value == arg or str(value) == str(arg):
+                return arg
+        raise ValueError
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise ValueError
+    if hint is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return int(value) if isinstance(value, int) else int(str(value).strip())
+    if hint is float:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise ValueError
+        return str(value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value).value if isinstance(value, str) else hint(value).value
+    if origin in (list, tuple) or hint in (list, tuple):
+        if isinstance(value, str):
+            value = json.loads(value) if value.lstrip().startswith("[") else [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        return [coerce(v, args[0]) for v in value] if args else list(value)
+    if origin is dict or hint is dict:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError from None
+        if not isinstance(value, dict):
+            raise ValueError
+        return value
+    if isinstance(value, hint if isinstance(hint, type) else object):
+        return value
+    raise ValueError
+
+
+def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
+    """The SFTConfig / DPOConfig / TrainingArguments of a run: posttrainllm's settings, then the user's
+    --trainer-arg values; every argument must exist in the installed version."""
     args = common_args(cfg, precision, has_eval=has_eval)
     if kind == "sft":
-        from trl import SFTConfig, SFTTrainer
-
-        conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=None)
-        cls = type("LLRDSFTTrainer", (DivergenceGuardMixin, LLRDMixin, SFTTrainer), {"llrd_settings": llrd_settings})
-        trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
+        args.update(max_length=cfg.max_length, packing=False, dataset_num_proc=None)
     elif kind == "dpo":
-        from trl import DPOConfig, DPOTrainer
+        args.update(beta=cfg.beta, max_length=cfg.max_length)
+    extra = check_trainer_args(kind, cfg.trainer_args or {})
+    try:
+        return make_config(_config_class(kind), **{**args, **extra})
+    except (ValueError, TypeError) as e:
+        if not extra:
+            raise
+        raise UsageError(f"--trainer-arg {', '.join(extra)}: {str(e).splitlines()[0][:300]}") from None
 
-        conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length)
-        cls = type("LLRDDPOTrainer", (DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_settings": llrd_settings})
-        trainer = cls(model=model, ref_model=ref_model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
-    elif kind == "causal_lm":
-        from transformers import Trainer, TrainingArguments, default_data_collator
 
-        conf = TrainingArguments(**_filter_kwargs(TrainingArguments, args))
-        cls = type("LLRDTrainer", (DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_settings": llrd_settings})
-        trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, data_collator=default_data_collator, callbacks=list(callbacks))
-    else:  # pragma: no cover - programming error
-        raise ValueError(kind)
-    check_distributed_engine(trainer, llrd_active=_llrd_active(llrd_settings))
+def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=()):
+    """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed and the run's plan."""
+    conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None)
+    common = dict(args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
+    if kind == "sft":
+        from trl import SFTTrainer
+
+        cls = type("LLRDSFTTrainer", (DivergenceGuardMixin, LLRDMixin, SFTTrainer), {"llrd_plan": plan})
+        trainer = cls(model=model, **common)
+    elif kind == "dpo":
+        from trl import DPOTrainer
+
+        cls = type("LLRDDPOTrainer", (DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_plan": plan})
+        trainer = cls(model=model, ref_model=ref_model, **common)
+    else:
+        from transformers import Trainer, default_data_collator
+
+        cls = type("LLRDTrainer", (DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_plan": plan})
+        trainer = cls(model=model, data_collator=default_data_collator, **common)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    plain, bars = _log_callbacks()
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(bars() if interactive() and not conf.disable_tqdm else plain())
+    check_distributed_engine(trainer, llrd_active=plan.lr_scaled)
     if len(trainer.train_dataset) == 0:
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer

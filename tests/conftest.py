@@ -39,12 +39,10 @@ def build_tiny_model(tokenizer, n_layers=4, hidden=32, model_type="llama", **ext
         num_hidden_layers=n_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
-        **extra,
+        **{"tie_word_embeddings": False, "max_position_embeddings": 256, **extra},
     )
     return AutoModelForCausalLM.from_config(cfg)
 

@@ -154,5 +154,11 @@ def test_max_length_beyond_learned_positions_is_clamped(tokenizer, alpaca_file, 
     r = runner.invoke(app, ["sft", "--model", str(tmp_path / "m"), "--dataset", str(data), "--output-dir", str(tmp_path / "o"),
                             "--max-steps", "1", "--batch-size", "2", "--llrd", "0.8"])
     assert r.exit_code == 0, r.output
-    assert "64 positions" in r.output
+    assert "max length 64" in r.output and "is more than the model's" not in r.output  # the default: no note
     assert "IndexError" not in r.output and "index out of range" not in r.output
+
+
+def test_a_wrong_llrd_blocks_path_is_a_usage_error_naming_the_option(tiny_model_dir, alpaca_file, tmp_path):
+    r = dry_run(tiny_model_dir, alpaca_file, tmp_path / "o", "--llrd-blocks", "model.nope")
+    assert r.exit_code == 2, r.output
+    assert "--llrd-blocks" in r.output and "model.layers (4)" in r.output and "Traceback" not in r.output

@@ -15,8 +15,15 @@ import pytest
 import torch
 from torch import nn
 
-from posttrainllm.errors import ModelStructureError, UsageError
-from posttrainllm.llrd import DEFAULT_TIED_POLICY, TIED_POLICIES, build_param_groups, find_block_list
+from posttrainllm.banner import summary_line
+from posttrainllm.llrd import (
+    DEFAULT_TIED_POLICY,
+    TIED_POLICIES,
+    BlockStructureError,
+    apply_freeze,
+    build_param_groups,
+    find_block_list,
+)
 
 BASE = 1e-3
 BLOCK_RE = re.compile(r"(?:layers|stack)\.(\d+)\.")
@@ -205,7 +212,7 @@ def test_min_scale_clamps_the_lowest_depths():
     assert scales["embeddings"] == scales["block_0"] == scales["block_1"] == 0.1  # 0.5^5, 0.5^5, 0.5^4
     assert scales["block_2"] == 0.125 and scales["block_3"] == 0.25 and scales["block_5"] == scales["head"] == 1.0
     assert plan.lr_of("embed.weight") == pytest.approx(BASE * 0.1)
-    assert "block_0 LR=1e-04" in plan.summary_line()
+    assert "block_0 LR=1e-04" in summary_line(plan)
 
 
 def test_freeze_below_freezes_and_saves_exactly_the_adam_state_bytes():
@@ -214,8 +221,10 @@ def test_freeze_below_freezes_and_saves_exactly_the_adam_state_bytes():
     frozen_model.load_state_dict(ref.state_dict())
     full = build_param_groups(ref, BASE, 0.5)
     plan = build_param_groups(frozen_model, BASE, 0.5, freeze_below=0.2)  # scales 1/32, 1/16, 1/8 frozen
-    assert plan.frozen_param_names and all(not p.requires_grad for n, p in frozen_model.named_parameters()
-                                           if n in plan.frozen_param_names)
+    assert all(p.requires_grad for p in frozen_model.parameters())  # planning changes nothing
+    assert apply_freeze(plan) == len(plan.frozen_param_names) > 0
+    assert all(not p.requires_grad for n, p in frozen_model.named_parameters() if n in plan.frozen_param_names)
+    assert all(p.requires_grad for n, p in frozen_model.named_parameters() if n not in plan.frozen_param_names)
     assert {n for n in plan.frozen_param_names} == {n for n, _ in frozen_model.named_parameters()
                                                     if expected_scale(n, 6, 0.5) < 0.2}
     grouped = {n for names in plan.param_names.values() for n in names}
@@ -230,26 +239,26 @@ def test_freeze_below_freezes_and_saves_exactly_the_adam_state_bytes():
 
 def test_tiny_lowest_scale_warns_unless_clamped_or_frozen():
     plan = build_param_groups(Toy(32), BASE, 0.5)
-    assert any("--llrd-min-scale" in w and "--llrd-freeze-below" in w for w in plan.warnings)
+    assert any("minimum scale" in w and "freezing" in w for w in plan.warnings)
     assert not build_param_groups(Toy(32), BASE, 0.5, min_scale=0.01).warnings
     assert not build_param_groups(Toy(32), BASE, 0.9).warnings  # 0.9^31 = 0.038
 
 
 def test_unresolvable_model_raises_with_unmatched_names_and_fix():
     model = Toy(4, list_name="stack", config=False)  # no config, no known block-list name
-    with pytest.raises(ModelStructureError) as exc:
+    with pytest.raises(BlockStructureError) as exc:
         build_param_groups(model, BASE, 0.9)
     msg = str(exc.value)
-    assert "Toy" in msg and "--llrd-blocks" in msg and "llrd_blocks" in msg
-    assert "embed.weight" in msg and "stack.0.proj.weight" in msg and "more" in msg
+    assert "Toy" in msg and "embed.weight" in msg and "stack.0.proj.weight" in msg and "more" in msg
     assert "stack (4)" in msg
-    assert ModelStructureError.exit_code == 1
+    assert isinstance(exc.value, ValueError) and exc.value.candidates == [("stack", 4)]
+    assert "--" not in msg and "recipe" not in msg  # the library speaks no CLI
 
 
 def test_config_count_mismatch_is_not_silently_accepted():
     model = Toy(4)
     model.config.num_hidden_layers = 5
-    with pytest.raises(ModelStructureError, match=r"N = 5 blocks.*layers \(4\)"):
+    with pytest.raises(BlockStructureError, match=r"N = 5 blocks.*layers \(4\)"):
         build_param_groups(model, BASE, 0.9)
 
 
@@ -262,7 +271,7 @@ def test_explicit_block_path_with_a_different_length_than_the_config_warns_and_u
 
 @pytest.mark.parametrize("kwargs", [{"min_scale": 0.1}, {"freeze_below": 0.1}])
 def test_unresolvable_model_raises_for_clamp_or_freeze_even_at_gamma_one(kwargs):
-    with pytest.raises(ModelStructureError):
+    with pytest.raises(BlockStructureError):
         build_param_groups(Toy(4, list_name="stack", config=False), BASE, 1.0, **kwargs)
 
 
@@ -310,19 +319,26 @@ def test_block_path_and_lr_of_see_through_a_wrapper_in_the_middle_of_the_path():
 
 
 @pytest.mark.parametrize("bad", ["norm", "nope.layers", "layers.0"])
-def test_bad_block_path_raises_usage_error_listing_candidates(bad):
-    with pytest.raises(UsageError, match=r"layers \(4\)") as exc:
+def test_bad_block_path_raises_value_error_listing_candidates(bad):
+    with pytest.raises(ValueError, match=r"layers \(4\)") as exc:
         build_param_groups(Toy(4), BASE, 0.9, block_path=bad)
     assert bad in str(exc.value)
 
 
-@pytest.mark.parametrize("kwargs", [{"gamma": 0.4}, {"gamma": 1.01}, {"gamma": float("nan")}, {"base_lr": 0.0},
-                                    {"base_lr": float("inf")}, {"weight_decay": -0.1}, {"min_scale": 1.5},
-                                    {"freeze_below": -0.1}, {"tied_policy": "both"}])
-def test_bad_arguments_raise_usage_error(kwargs):
+@pytest.mark.parametrize("kwargs", [{"gamma": 0.0}, {"gamma": -0.5}, {"gamma": 1.01}, {"gamma": float("nan")},
+                                    {"gamma": "0.9"}, {"base_lr": 0.0}, {"base_lr": float("inf")},
+                                    {"weight_decay": -0.1}, {"min_scale": 1.5}, {"freeze_below": -0.1},
+                                    {"tied_policy": "both"}])
+def test_bad_arguments_raise_value_error(kwargs):
     args = {"base_lr": BASE, "gamma": 0.9, **kwargs}
-    with pytest.raises(UsageError):
+    with pytest.raises(ValueError):
         build_param_groups(Toy(2), **args)
+
+
+@pytest.mark.parametrize("gamma", [0.1, 0.3, 0.49])
+def test_library_accepts_any_gamma_in_zero_one_beyond_the_cli_range(gamma):
+    plan = build_param_groups(Toy(3), BASE, gamma)
+    assert plan.lr_of("block_0") == pytest.approx(BASE * gamma**2, rel=1e-12)
 
 
 @pytest.mark.parametrize("policy", TIED_POLICIES)
@@ -402,9 +418,10 @@ def test_json_and_summary_line():
     plan = build_param_groups(Toy(4), 3e-5, 0.95, 0.1)
     data = plan.to_json()
     assert [d["name"] for d in data] == [g["name"] for g in plan.groups]
-    assert set(data[0]) == {"name", "lr", "weight_decay", "scale", "depth", "params"}
+    assert set(data[0]) == {"name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor",
+                            "loraplus", "params"}
     assert all(isinstance(n, str) for d in data for n in d["params"])
-    assert plan.summary_line() == "γ=0.95 → block_0 LR=2.57e-05, head LR=3e-05"
+    assert summary_line(plan) == "γ=0.95 → block_0 LR=2.57e-05, head LR=3e-05"
     assert plan.lr_of("block_3") == 3e-5
     with pytest.raises(KeyError):
         plan.lr_of("no.such.param")

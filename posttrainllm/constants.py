@@ -1,0 +1,4 @@
+"""Constants shared by the torch-free config layer and the torch-only library (importing this module is free)."""
+
+TIED_POLICIES = ("embedding", "head")  # what LR a tied input/output embedding matrix gets
+DEFAULT_TIED_POLICY = "head"  # measured: bench/tied_policy.py, docs/decision_log.md entry 14

@@ -1,0 +1,140 @@
+"""`posttrainllm generate`: a quick look at a trained model (like `trl chat` or `llamafactory-cli chat`, one shot).
+
+The prompt is rendered the way the model was trained: with the tokenizer's chat template when it has one (a
+`--system` message first), in the Alpaca template with `--prompt-format alpaca` (what `sft` does with Alpaca
+data), or as plain text. `--prompts FILE` reads one prompt per line, or JSON Lines with a "prompt" (string), a
+"messages" list, or "instruction"/"input" (Alpaca) per line, and writes one JSON line per completion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from posttrainllm.errors import DataError
+
+PROMPT_FORMATS = ("auto", "chat", "alpaca", "plain")
+
+
+def read_prompts(path: str) -> list[Any]:
+    """Prompts of a file: strings (one per line of a text file) or JSON Lines records (string or messages)."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read --prompts {path}: {e}") from None
+    if p.suffix.lower() not in (".jsonl", ".json"):
+        prompts = [line for line in text.splitlines() if line.strip()]
+    else:
+        prompts = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {n} is not valid JSON ({e.msg}); one JSON object per line") from None
+            prompts.append(_from_record(rec, f"{path}: line {n}"))
+    if not prompts:
+        raise DataError(f"--prompts {path} holds no prompt")
+    return prompts
+
+
+def _from_record(rec: Any, where: str) -> Any:
+    if isinstance(rec, str):
+        return rec
+    if isinstance(rec, dict):
+        if isinstance(rec.get("messages"), list):
+            msgs = [m for m in rec["messages"] if isinstance(m, dict)]
+            return msgs[:-1] if msgs and msgs[-1].get("role") == "assistant" else msgs
+        if isinstance(rec.get("prompt"), (str, list)):
+            return rec["prompt"]
+        if isinstance(rec.get("instruction"), str):
+            return {"instruction": rec["instruction"], "input": rec.get("input") or ""}
+    raise DataError(f"{where}: expected a string, or an object with 'prompt', 'messages' or 'instruction'")
+
+
+def render(tokenizer, prompt: Any, fmt: str, system: str | None) -> str:
+    """The text the model continues: chat template, Alpaca template or the prompt itself."""
+    from posttrainllm.data import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT
+
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if isinstance(prompt, dict):  # an Alpaca record
+        fmt = "alpaca" if fmt == "auto" else fmt
+    if fmt == "auto":
+        fmt = "chat" if has_template or isinstance(prompt, list) else "plain"
+    if fmt == "chat":
+        if not has_template:  # the template sft would have used for conversational data
+            from posttrainllm.data import ensure_chat_template
+
+            ensure_chat_template(tokenizer)
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": _as_text(prompt)}]
+        if system and not (messages and messages[0].get("role") == "system"):
+            messages = [{"role": "system", "content": system}, *messages]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if fmt == "alpaca":
+        rec = prompt if isinstance(prompt, dict) else {"instruction": _as_text(prompt), "input": ""}
+        template = ALPACA_PROMPT if rec["input"].strip() else ALPACA_PROMPT_NO_INPUT
+        text = template.format(instruction=rec["instruction"], input=rec["input"])
+        return (system.strip() + "\n\n" + text) if system else text
+    return (system + "\n\n" if system else "") + _as_text(prompt)
+
+
+def _as_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict):
+        return prompt["instruction"] + ("\n\n" + prompt["input"] if prompt.get("input") else "")
+    return "\n".join(str(m.get("content", "")) for m in prompt)
+
+
+def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float) -> str:
+    import torch
+
+    device = next(model.parameters()).device
+    enc = tokenizer(text, return_tensors="pt", add_special_tokens=not getattr(tokenizer, "chat_template", None)).to(device)
+    sampling = temperature > 0
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling, pad_token_id=tokenizer.pad_token_id)
+    if sampling:
+        kwargs.update(temperature=temperature, top_p=top_p)
+    else:  # greedy: silence the generation config's sampling defaults
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    with torch.inference_mode():
+        out = model.generate(**enc, **kwargs)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def run(cfg, echo=print) -> None:
+    """posttrainllm generate: one --prompt to stdout, or --prompts FILE to JSON Lines (stdout or --output)."""
+    from transformers import set_seed
+
+    from posttrainllm import models
+    from posttrainllm.trainers import quiet_progress_bars
+
+    quiet_progress_bars()
+    prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
+    models.check_model_ref(cfg.model)
+    tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
+    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto"))
+    import torch
+
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    set_seed(cfg.seed)
+    lines = []
+    for prompt in prompts:
+        text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
+        completion = complete(model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+        if cfg.prompt is not None:
+            echo(completion)
+        else:
+            lines.append(json.dumps({"prompt": prompt, "completion": completion}, ensure_ascii=False))
+    if cfg.prompt is None:
+        if cfg.output:
+            Path(cfg.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+            echo(f"{len(lines)} completions written to {cfg.output}")
+        else:
+            for line in lines:
+                echo(line)

@@ -1,0 +1,96 @@
+"""The per-depth drift report: ‖W_after − W_before‖ / ‖W_before‖ per depth, from the base safetensors (no second
+copy of the model), LoRA as the merged update; checked against the saved weights independently."""
+
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrainllm import drift
+from posttrainllm.llrd import build_param_groups
+
+
+def _train(model, groups, steps=4, seed=0):
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(groups)
+    for _ in range(steps):
+        ids = torch.randint(0, 50, (2, 16))
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _load(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir)
+
+
+def independent_drift(model_dir, trained_state, n_blocks):
+    """Per depth from two state dicts, written without posttrainllm: block index from the name."""
+    base = load_file(str(model_dir / "model.safetensors"))
+    num, den = {}, {}
+    for key, before in base.items():
+        m = re.search(r"layers\.(\d+)\.", key)
+        depth = f"block_{m.group(1)}" if m else "embeddings" if "embed_tokens" in key else "head"
+        after = trained_state[key].float()
+        num[depth] = num.get(depth, 0.0) + float(((after - before.float()) ** 2).sum())
+        den[depth] = den.get(depth, 0.0) + float((before.float() ** 2).sum())
+    return {d: (num[d] / den[d]) ** 0.5 for d in num}
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0])
+def test_full_finetune_drift_matches_the_saved_weights_and_follows_gamma(gamma, tiny_model_dir):
+    model = _load(tiny_model_dir)
+    plan = build_param_groups(model, 1e-3, gamma)
+    baseline = drift.Baseline(model, str(tiny_model_dir))
+    assert not baseline.copies  # everything is read from the safetensors file
+    _train(model, plan.groups)
+    report = drift.measure(model, baseline, plan)
+    got = {r["block"]: r["drift"] for r in report["depths"]}
+    want = independent_drift(tiny_model_dir, model.state_dict(), 4)
+    assert got == pytest.approx(want, rel=1e-5)
+    ratio = got["block_0"] / got["block_3"]
+    if gamma == 0.5:
+        assert ratio < 0.3  # block_0 trains at γ³ = 1/8 of the top block's LR
+    else:
+        assert 0.5 < ratio < 2.0  # same order
+    assert "block_0" in drift.bar_chart(report) and "█" in drift.bar_chart(report)
+
+
+def test_lora_drift_is_the_merged_update_relative_to_the_base_weight(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_load(tiny_model_dir), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    plan = build_param_groups(model, 1e-3, 0.5)
+    baseline = drift.Baseline(model, str(tiny_model_dir))
+    _train(model, plan.groups)
+    report = drift.measure(model, baseline, plan)
+    got = {r["block"]: r["drift"] for r in report["depths"]}
+    merged = model.merge_and_unload()
+    want = independent_drift(tiny_model_dir, merged.state_dict(), 4)
+    assert got == pytest.approx(want, rel=1e-4)
+    assert got["embeddings"] == 0.0 and got["head"] == 0.0 and got["block_2"] > 0
+
+
+def test_tensors_not_on_disk_as_in_the_model_are_copied_before_training(tiny_model_dir, tmp_path):
+    model = _load(tiny_model_dir)
+    model.resize_token_embeddings(model.config.vocab_size + 8)  # embeddings no longer match the file's shape
+    baseline = drift.Baseline(model, str(tiny_model_dir))
+    assert set(baseline.copies) == {"model.embed_tokens.weight", "lm_head.weight"}
+    assert "CPU copy" in baseline.source
+    nothing = drift.Baseline(model, None)  # no files at all: every trainable tensor is copied
+    assert len(nothing.copies) == sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def test_plot_writes_a_png_or_says_why_not(tmp_path):
+    report = {"depths": [{"block": "embeddings", "drift": 0.01}, {"block": "block_0", "drift": 0.02}, {"block": "head", "drift": 0.05}]}
+    note = drift.plot(report, tmp_path / "drift.png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert note and "matplotlib" in note
+    else:
+        assert note is None and (tmp_path / "drift.png").stat().st_size > 1000

@@ -1,0 +1,127 @@
+"""`posttrainllm sweep`: a 2×2 grid on a tiny model completes, is skipped cell by cell when run again, and its
+recommendation follows from the numbers in results.json (recomputed here independently)."""
+
+import json
+import statistics
+
+import pytest
+from typer.testing import CliRunner
+
+from posttrainllm.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def ood_file(tmp_path):
+    p = tmp_path / "ood.txt"
+    p.write_text("def add(a, b):\n    return a + b\n" * 40 + "the lazy dog sleeps in the sun. " * 60)
+    return p
+
+
+def _grid(model, data, ood, out, *extra):
+    return ["sweep", "sft", "--model", str(model), "--dataset", str(data), "--eval-split", "0.25", "--ood-eval", str(ood),
+            "--llrd", "1.0,0.5", "--lr", "1e-3,3e-3", "--max-steps", "3", "--batch-size", "4", "--max-length", "128",
+            "--output-dir", str(out), "--jobs", "2", *extra]
+
+
+def _recompute(cells, max_forgetting):
+    """The recommendation from the raw cells, written without posttrainllm's code."""
+    points = {}
+    for c in cells:
+        points.setdefault((c["gamma"], c["lr"], c["replay_ratio"]), []).append(c)
+    rows = []
+    for (g, lr, rr), runs in points.items():
+        ev = statistics.fmean(r["eval_loss"] for r in runs)
+        worst = max(statistics.fmean(r["ood_change_pct"][k] for r in runs) for k in runs[0]["ood_change_pct"])
+        rows.append((g, lr, rr, ev, worst))
+    ok = [r for r in rows if r[4] <= max_forgetting]
+    best = min(ok, key=lambda r: (r[3], r[4], r[0], r[1], r[2])) if ok else None
+    top = min(r[3] for r in rows)
+    near = [r for r in rows if r[3] <= top * 1.01]
+    least = min(near, key=lambda r: (r[4], r[3], r[0], r[1], r[2]))
+    return best, least, rows
+
+
+@pytest.mark.smoke
+def test_sweep_runs_skips_done_cells_and_recommends_from_its_numbers(tiny_model_dir, alpaca_file, ood_file, tmp_path):
+    out = tmp_path / "sweep"
+    r = runner.invoke(app, _grid(tiny_model_dir, alpaca_file, ood_file, out))
+    assert r.exit_code == 0, r.output
+    result = json.loads((out / "results.json").read_text())
+    assert len(result["cells"]) == 4 and not result["failed"]
+    for name in ("results.md", "frontier.png"):
+        assert (out / name).stat().st_size > 0
+    for c in result["cells"]:  # each cell is a normal run with its own record
+        cfg = json.loads((out / "cells" / c["cell"] / "run_config.json").read_text())
+        assert cfg["lr"] == c["lr"] and cfg["llrd"] == c["gamma"]
+        evals = json.loads((out / "cells" / c["cell"] / "eval_results.json").read_text())
+        assert c["eval_loss"] == evals["train"]["eval_loss"]
+        assert c["ood_change_pct"]["ood.txt"] == evals["ood"]["ood.txt"]["change_pct"]
+
+    # recommendation: recomputed independently, for two budgets (one that every cell meets, one that none meets)
+    for budget in (1e9, -1e9):
+        best, least, rows = _recompute(result["cells"], budget)
+        from posttrainllm.sweep import recommend, summarize
+
+        rec = recommend(summarize(result["cells"]), budget)
+        if best is None:
+            assert rec["best"] is None
+        else:
+            assert (rec["best"]["llrd"], rec["best"]["lr"]) == best[:2]
+            assert rec["best"]["eval_loss"] == pytest.approx(best[3])
+        assert (rec["least_forgetting"]["llrd"], rec["least_forgetting"]["lr"]) == least[:2]
+    best, least, _ = _recompute(result["cells"], result["max_forgetting_pct"])
+    saved = result["recommendation"]
+    assert (saved["least_forgetting"]["llrd"], saved["least_forgetting"]["lr"]) == least[:2]
+    assert (saved["best"] is None) == (best is None)
+    if best is not None:
+        assert (saved["best"]["llrd"], saved["best"]["lr"]) == best[:2]
+
+    # run again: every cell is skipped, no cell file is touched
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("*") if p.is_file()}
+    again = runner.invoke(app, _grid(tiny_model_dir, alpaca_file, ood_file, out))
+    assert again.exit_code == 0, again.output
+    assert "4 already done, 0 to run" in again.output
+    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("*") if p.is_file()}
+
+    # a wider grid re-uses the finished cells and runs only the new ones
+    wider = _grid(tiny_model_dir, alpaca_file, ood_file, out)
+    wider[wider.index("1e-3,3e-3")] = "1e-3,3e-3,2e-3"
+    third = runner.invoke(app, wider)
+    assert third.exit_code == 0, third.output
+    assert "4 already done, 2 to run" in third.output
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--llrd", "1.0,0.3"], "[0.5, 1.0]"),
+    (["--lr", "fast"], "comma-separated list of numbers"),
+    (["--overwrite"], "not available in a sweep"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+])
+def test_sweep_validates_every_cell_before_running_anything(extra, fragment, tiny_model_dir, alpaca_file, ood_file, tmp_path):
+    args = _grid(tiny_model_dir, alpaca_file, ood_file, tmp_path / "s")
+    for flag, value in zip(extra[::2], extra[1::2] + [None] * len(extra)):
+        if flag in args and value is not None:
+            args[args.index(flag) + 1] = value
+        else:
+            args.append(flag)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert fragment in r.output and not (tmp_path / "s" / "cells").exists()
+
+
+def test_sweep_needs_in_domain_eval_and_ood_files(tiny_model_dir, alpaca_file, tmp_path):
+    r = runner.invoke(app, ["sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--lr", "1e-3",
+                            "--output-dir", str(tmp_path / "s")])
+    assert r.exit_code == 2
+    assert "--eval-split" in r.output and "--ood-eval" in r.output
+
+
+def test_replay_ratio_zero_cells_run_without_the_replay_dataset(tmp_path):
+    from posttrainllm.sweep import Cell, SweepSpec
+
+    spec = SweepSpec("sft", [1.0], [1e-3], [0.0, 0.25], [0], 1, 5.0, tmp_path, ["--model", "m", "--replay-dataset", "r.txt"])
+    no_replay, replay = spec.argv(Cell(1.0, 1e-3, 0.0, 0)), spec.argv(Cell(1.0, 1e-3, 0.25, 0))
+    assert "--replay-dataset" not in no_replay and "--replay-ratio" not in no_replay
+    assert replay[replay.index("--replay-dataset") + 1] == "r.txt" and replay[replay.index("--replay-ratio") + 1] == "0.25"
