@@ -40,6 +40,7 @@ class OptionalValueCommand(TyperCommand):
                 nxt = args[i + 1] if i + 1 < len(args) else None
                 if nxt is None or nxt.startswith("--"):
                     out.append(self.bare_values[tok])
+        ctx.meta["posttrainllm.argv"] = [ctx.info_name, *args]  # the command line as given (model card, resume hint)
         return super().parse_args(ctx, out)
 
 
@@ -75,13 +76,15 @@ def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None
     """Create the Typer command `name` from the option table; its body resolves the config and calls handler."""
     opts = options_for(name)
 
-    def command(**kwargs: Any) -> None:
+    def command(ctx: typer.Context, **kwargs: Any) -> None:
         debug = bool(kwargs.get("debug"))
-        code = guarded(lambda: handler(resolve(name, kwargs)), debug)
+        argv = ctx.meta.get("posttrainllm.argv", [name])
+        code = guarded(lambda: handler(resolve(name, kwargs, argv=argv)), debug)
         if code:
             raise typer.Exit(code)
 
-    params = [_typer_param(o) for o in opts]
+    params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+    params += [_typer_param(o) for o in opts]
     command.__signature__ = inspect.Signature(params)
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__name__ = name

@@ -220,6 +220,7 @@ class RunConfig:
     command: str
     values: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)  # name -> "default" | "recipe" | "cli"
+    argv: list[str] = field(default_factory=list)  # the command line as given: COMMAND OPTIONS...
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -428,7 +429,7 @@ def load_recipe(path: str) -> dict[str, Any]:
     return out
 
 
-def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
+def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = None) -> RunConfig:
     """defaults < recipe < command line; validate everything; raise ConfigErrors listing all problems."""
     opts = {o.name: o for o in options_for(command)}
     problems: list[str] = []
@@ -490,7 +491,7 @@ def resolve(command: str, cli_values: dict[str, Any]) -> RunConfig:
     problems += _cross_checks(command, values)
     if problems:
         raise ConfigErrors(problems)
-    return RunConfig(command, values, sources)
+    return RunConfig(command, values, sources, list(argv or [command]))
 
 
 def default_output_dir(command: str, source: str) -> str:

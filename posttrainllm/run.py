@@ -228,6 +228,7 @@ def _train(cfg, run_dir, resume_from) -> None:
         "DPO": f"β={cfg.beta}, reference={cfg.ref_model or ('adapter-disabled base' if cfg.lora_r else 'frozen copy of --model')}" if cfg.command == "dpo" else None,
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.values.get("replay_dataset") else None,
         "precision": f"{precision} on {_device_name()}",
+        "recipe": cfg.values.get("recipe"),
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
     resolved = {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args, "model_args": {k: str(v) for k, v in model_args.items()}}
@@ -254,6 +255,13 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
     guard = checkpoints.InterruptGuard()
     callbacks = [checkpoints.make_callback(guard)]
     trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, plan=plan, ref_model=ref_model, callbacks=callbacks)
+    if cfg.report_to in ("tensorboard", "all"):
+        run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
+    baseline = None
+    if cfg.command != "pretrain":  # the weights before training, for the drift report (files on disk, no second model)
+        from posttrainllm import drift
+
+        baseline = drift.Baseline(trainer.model, cfg.model)
     t0 = time.time()
     last = _at_last_step(trainer, resume_from) if resume_from else None
     if last is not None:  # training had ended; only the final save is missing: no extra step
@@ -269,9 +277,10 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         if guard.signum is not None:
             if trainer.is_world_process_zero():
-                resume_cmd = " ".join(a for a in sys.argv if a not in ("--overwrite",))
-                if "--resume" not in sys.argv:
-                    resume_cmd += " --resume"
+                import shlex
+
+                args = [a for a in cfg.argv if a != "--overwrite"]
+                resume_cmd = "posttrainllm " + " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
                 banner.console.print(f"[yellow]interrupted[/] at step {trainer.state.global_step}: checkpoint saved in {cfg.output_dir}. Resume with:\n  {resume_cmd}")
             raise SystemExit(guard.exit_code)
         metrics = dict(result.metrics)
@@ -281,6 +290,12 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
     if prepared.eval is not None:
         metrics.update(trainer.evaluate())
     sizes = checkpoints.save_final(trainer, tokenizer, cfg.output_dir)
+    report = None
+    drift_report = None
+    if baseline is not None:
+        from posttrainllm import drift
+
+        drift_report = drift.measure(trainer.model, baseline, plan)  # every rank: FSDP gathers sharded tensors
     if trainer.is_world_process_zero():
         out = Path(cfg.output_dir)
         trainer.state.save_to_json(str(out / "trainer_state.json"))
@@ -291,13 +306,56 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             after = _ood_eval(trainer.model, tokenizer, cfg)
             report = forgetting_report(before, after)
             results["ood"] = report
-            banner.print_forgetting(report)
+            _log_forgetting(trainer, report)
+        if drift_report is not None:
+            results["drift"] = drift_report
+            _write_drift(run_dir, out, drift_report)
         write_json(out / "eval_results.json", results)
+        _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report)
         write_json(out / checkpoints.FINAL_MARKER, {"global_step": trainer.state.global_step, "train_loss": metrics.get("train_loss"), "eval_loss": metrics.get("eval_loss"), "files": sizes})
     run_dir.finish()  # the new final save is complete: what --overwrite moved aside can go
     if trainer.is_world_process_zero():
-        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in ("train_loss", "eval_loss", "train_runtime", "train_samples_per_second")}
-        banner.console.print(f"done: {shown}; model saved to {cfg.output_dir}")
+        if report:
+            banner.print_forgetting(report)
+        if drift_report is not None:
+            banner.print_drift(drift_report)
+        first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
+        banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+def _log_forgetting(trainer, report: dict) -> None:
+    """The forgetting report to the experiment trackers too (ood/<file>/ppl_before, ppl_after, change_pct)."""
+    logs = {}
+    for name, r in report.items():
+        for key, value in (("ppl_before", r.get("before")), ("ppl_after", r.get("after")), ("change_pct", r.get("change_pct"))):
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                logs[f"ood/{name}/{key}"] = value
+    if logs and trainer.args.report_to not in (None, "none", [], ["none"]):
+        trainer.log(logs)
+
+
+def _write_drift(run_dir, out: Path, report: dict) -> None:
+    from posttrainllm import drift
+
+    run_dir.own(["drift.json", "drift.png"])
+    write_json(out / "drift.json", report)
+    note = drift.plot(report, out / "drift.png", title=f"weight drift per depth: {out.name}")
+    if note:
+        banner.console.print(f"note: {note}")
+
+
+def _write_model_card(cfg, run_dir, plan, prepared, metrics: dict, forgetting: dict | None, drift_report: dict | None) -> None:
+    from posttrainllm import model_card
+
+    run_dir.own(["README.md"])
+    data = {"source": prepared.source, "format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval,
+            "eval_source": prepared.eval_source}
+    text = model_card.render(command=cfg.command, argv=cfg.argv, recipe=cfg.recipe if cfg.values.get("recipe") else None,
+                             base_model=None if cfg.command == "pretrain" else cfg.model, plan=plan, data=data, metrics=metrics,
+                             forgetting=forgetting, drift=drift_report, output_dir=cfg.output_dir)
+    tmp = Path(cfg.output_dir) / "README.md.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(Path(cfg.output_dir) / "README.md")
 
 
 def pretrain(cfg) -> None:
@@ -343,6 +401,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, block length {cfg.max_length})",
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
         "precision": f"{precision} on {_device_name()}",
+        "recipe": cfg.values.get("recipe"),
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
     if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args}, run_dir):

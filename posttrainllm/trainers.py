@@ -200,7 +200,9 @@ def log_line(logs: dict[str, Any], step: int, max_steps: int) -> str | None:
         if key in _HIDDEN_LOG_KEYS or key.startswith("lr/"):
             continue
         name = {"learning_rate": "lr"}.get(key, key)
-        if isinstance(value, float):
+        if isinstance(value, float) and value.is_integer() and abs(value) >= 1 and name != "loss":
+            text = str(int(value))
+        elif isinstance(value, float):
             text = f"{value:.3g}" if name in ("lr", "grad_norm", "epoch") or abs(value) < 1e-3 else f"{value:.4f}"
         else:
             text = str(value)
