@@ -33,7 +33,7 @@ EXIT_SIGTERM, EXIT_SIGINT = 143, 130
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 # keys that change what a resumed optimizer would do; resuming with other values is refused by default
-RESUME_KEYS = ("model", "lr", "llrd", "lr_layer_decay", "llrd_min_scale", "llrd_freeze_below", "llrd_blocks", "tied_embeddings", "lr_groups", "loraplus_ratio", "weight_decay", "optim", "lr_scheduler", "warmup_ratio", "lora_r", "lora_alpha", "lora_targets", "batch_size", "grad_accum", "max_steps", "epochs", "seed", "model_config")
+RESUME_KEYS = ("model", "lr", "llrd", "llrd_min_scale", "llrd_freeze_below", "llrd_blocks", "tied_embeddings", "lr_groups", "loraplus_ratio", "weight_decay", "optim", "lr_scheduler", "warmup_ratio", "lora_r", "lora_alpha", "lora_targets", "batch_size", "grad_accum", "max_steps", "epochs", "seed", "model_config")
 
 
 def is_rank0() -> bool:

@@ -122,7 +122,7 @@ def _error(message: str) -> None:
 
 
 # -- the commands: each hands the resolved config to the run module (heavy imports happen there) -------------------
-def _sft(cfg):
+def _train(cfg):
     from posttrainllm import run
 
     run.train(cfg)
@@ -153,9 +153,9 @@ def _demo(cfg):
 
 
 _register("pretrain", "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).", _pretrain)
-_register("sft", "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).", _sft)
-_register("dpo", "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).", _sft)
-_register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _sft)
+_register("sft", "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).", _train)
+_register("dpo", "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).", _train)
+_register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _train)
 _register("eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval)
 _register("generate", "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.", _generate)
 _register("demo", "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.", _demo)

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from posttrainllm.constants import TIED_POLICIES
 from posttrainllm.errors import ConfigErrors, UsageError
 
-TRAIN_COMMANDS = ("sft", "dpo", "finetune")
+POST_TRAINING = ("sft", "dpo", "finetune")  # start from a model
+TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
 ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "generate", "demo")
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
@@ -105,73 +106,75 @@ class Opt:
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"
     item: type = float  # dict options: the type of the values (float, or object = kept as given and checked later)
+    key: str | None = None  # recipe key and flag name when they differ from the internal name
+
+    @property
+    def recipe_key(self) -> str:
+        return self.key or self.name
 
     @property
     def cli_flag(self) -> str:
-        return self.flag or "--" + self.name.replace("_", "-")
+        return self.flag or "--" + self.recipe_key.replace("_", "-")
 
-
-TR = TRAIN_COMMANDS
-TRP = TRAIN_COMMANDS + ("pretrain",)
 
 OPTIONS: tuple[Opt, ...] = (
     # what to train on
-    Opt("model", str, None, "Model to start from: a local directory or a Hugging Face hub id.", TR, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
-    Opt("dataset", str, None, "Training data: a local file (.json .jsonl .csv .parquet .txt) or a hub dataset id.", TRP, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
-    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records (default: runs/COMMAND-NAME, NAME from --model, or --dataset for pretrain).", TRP, metavar="DIR", panel="Inputs"),
-    Opt("eval_dataset", str, None, "Separate validation data (same shape as --dataset).", TRP, metavar="PATH_OR_HUB_ID", panel="Inputs"),
-    Opt("eval_split", float, 0.0, "Fraction of --dataset held out for validation (0 = none).", TRP, fraction_below_one, "FRACTION", panel="Inputs"),
-    Opt("max_samples", int, None, "Use at most this many training examples.", TRP, positive_int, "N", panel="Inputs"),
+    Opt("model", str, None, "Model to start from: a local directory or a Hugging Face hub id.", POST_TRAINING, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
+    Opt("dataset", str, None, "Training data: a local file (.json .jsonl .csv .parquet .txt) or a hub dataset id.", TRAINING, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
+    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records (default: runs/COMMAND-NAME, NAME from --model, or --dataset for pretrain).", TRAINING, metavar="DIR", panel="Inputs"),
+    Opt("eval_dataset", str, None, "Separate validation data (same shape as --dataset).", TRAINING, metavar="PATH_OR_HUB_ID", panel="Inputs"),
+    Opt("eval_split", float, 0.0, "Fraction of --dataset held out for validation (0 = none).", TRAINING, fraction_below_one, "FRACTION", panel="Inputs"),
+    Opt("max_samples", int, None, "Use at most this many training examples.", TRAINING, positive_int, "N", panel="Inputs"),
     Opt("ref_model", str, None, "DPO reference model (default: a frozen copy of --model).", ("dpo",), metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("model_config", str, "small", "Preset (tiny, small, base) or a config.json path for the from-scratch model.", ("pretrain",), metavar="PRESET_OR_PATH", panel="Inputs"),
     Opt("vocab_size", int, 4096, "Vocabulary size of the byte-level BPE tokenizer trained on the corpus.", ("pretrain",), positive_int, "N", panel="Inputs"),
-    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", TR + ("eval", "generate"), panel="Inputs"),
+    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", POST_TRAINING + ("eval", "generate"), panel="Inputs"),
     # layer-wise LR decay
-    Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE}: block i of N trains at lr×γ^(N-1-i). Absent: 1.0 (flat). Bare --llrd: {LLRD_BARE}.", TR, llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
-    Opt("lr_layer_decay", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE} for pre-training (same rule as --llrd).", ("pretrain",), llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
-    Opt("llrd_min_scale", float, 0.0, "Clamp: no block trains below lr×SCALE.", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
-    Opt("llrd_freeze_below", float, 0.0, "Freeze parameters whose LR scale is below SCALE (no optimizer state).", TRP, unit_interval, "SCALE", panel="Layer-wise LR decay"),
-    Opt("llrd_blocks", str, None, "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).", TRP, metavar="PATH", panel="Layer-wise LR decay"),
-    Opt("lr_groups", dict, {}, "Multiply the LR of parameters whose name matches the regex PATTERN by FACTOR, on top of their depth's scale: lr = base × γ^(N-1-i) × FACTOR (repeatable; FACTOR 0 freezes; recipe key lr_groups: a mapping).", TRP, lr_factor, "PATTERN=FACTOR", flag="--lr-group", panel="Layer-wise LR decay"),
-    Opt("loraplus_ratio", float, 1.0, "LoRA+: train LoRA B matrices at RATIO × their block's LR (A matrices at 1×); needs --lora-r. LoRA+ suggests 16.", TR, positive, "RATIO", panel="LoRA"),
-    Opt("tied_embeddings", str, "head", "LR of a tied input/output embedding matrix: 'head' (base LR, the measured default) or 'embedding' (decayed like block 0).", TRP, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
+    Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE}: block i of N trains at lr×γ^(N-1-i). Absent: 1.0 (flat). Bare --llrd: {LLRD_BARE}.", POST_TRAINING, llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
+    Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE} for pre-training (same rule as --llrd).", ("pretrain",), llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay", key="lr_layer_decay"),
+    Opt("llrd_min_scale", float, 0.0, "Clamp: no block trains below lr×SCALE.", TRAINING, unit_interval, "SCALE", panel="Layer-wise LR decay"),
+    Opt("llrd_freeze_below", float, 0.0, "Freeze parameters whose LR scale is below SCALE (no optimizer state).", TRAINING, unit_interval, "SCALE", panel="Layer-wise LR decay"),
+    Opt("llrd_blocks", str, None, "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).", TRAINING, metavar="PATH", panel="Layer-wise LR decay"),
+    Opt("lr_groups", dict, {}, "Multiply the LR of parameters whose name matches the regex PATTERN by FACTOR, on top of their depth's scale: lr = base × γ^(N-1-i) × FACTOR (repeatable; FACTOR 0 freezes; recipe key lr_groups: a mapping).", TRAINING, lr_factor, "PATTERN=FACTOR", flag="--lr-group", panel="Layer-wise LR decay"),
+    Opt("loraplus_ratio", float, 1.0, "LoRA+: train LoRA B matrices at RATIO × their block's LR (A matrices at 1×); needs --lora-r. LoRA+ suggests 16.", POST_TRAINING, positive, "RATIO", panel="LoRA"),
+    Opt("tied_embeddings", str, "head", "LR of a tied input/output embedding matrix: 'head' (base LR, the measured default) or 'embedding' (decayed like block 0).", TRAINING, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
     # optimisation
-    Opt("lr", float, None, "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.", TRP, positive, "FLOAT"),
-    Opt("weight_decay", float, 0.0, "AdamW weight decay (matrices only; biases and norms get 0).", TRP, non_negative, "FLOAT"),
-    Opt("optim", str, "adamw_torch", "Optimizer name as in transformers (--optim); must accept parameter groups.", TRP, metavar="NAME"),
-    Opt("lr_scheduler", str, "linear", "LR schedule (applied to every group, keeping the per-block ratios).", TRP, one_of(SCHEDULERS), "NAME"),
-    Opt("warmup_ratio", float, 0.0, "Fraction of steps used for linear warmup.", TRP, fraction_below_one, "FRACTION"),
-    Opt("max_steps", int, -1, "Number of optimizer steps (-1: train for --epochs).", TRP, steps, "N"),
-    Opt("epochs", float, 1.0, "Number of passes over the data (ignored when --max-steps is set).", TRP, positive, "FLOAT"),
-    Opt("batch_size", int, 8, "Per-device batch size.", TRP, positive_int, "N"),
-    Opt("grad_accum", int, 1, "Gradient accumulation steps.", TRP, positive_int, "N"),
-    Opt("max_length", int, None, "Maximum sequence length in tokens (default 512; pretrain 256).", TRP + ("eval",), positive_int, "N"),
-    Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRP + ("generate",), seed_range, "N"),
+    Opt("lr", float, None, "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.", TRAINING, positive, "FLOAT"),
+    Opt("weight_decay", float, 0.0, "AdamW weight decay (matrices only; biases and norms get 0).", TRAINING, non_negative, "FLOAT"),
+    Opt("optim", str, "adamw_torch", "Optimizer name as in transformers (--optim); must accept parameter groups.", TRAINING, metavar="NAME"),
+    Opt("lr_scheduler", str, "linear", "LR schedule (applied to every group, keeping the per-block ratios).", TRAINING, one_of(SCHEDULERS), "NAME"),
+    Opt("warmup_ratio", float, 0.0, "Fraction of steps used for linear warmup.", TRAINING, fraction_below_one, "FRACTION"),
+    Opt("max_steps", int, -1, "Number of optimizer steps (-1: train for --epochs).", TRAINING, steps, "N"),
+    Opt("epochs", float, 1.0, "Number of passes over the data (ignored when --max-steps is set).", TRAINING, positive, "FLOAT"),
+    Opt("batch_size", int, 8, "Per-device batch size.", TRAINING, positive_int, "N"),
+    Opt("grad_accum", int, 1, "Gradient accumulation steps.", TRAINING, positive_int, "N"),
+    Opt("max_length", int, None, "Maximum sequence length in tokens (default 512; pretrain 256).", TRAINING + ("eval",), positive_int, "N"),
+    Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRAINING + ("generate",), seed_range, "N"),
     Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
-    Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRP, one_of(PRECISIONS), "NAME"),
-    Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRP),
-    Opt("report_to", str, "none", "Experiment tracking: none, tensorboard, wandb, trackio or all (per-block LRs are logged as lr/block_i).", TRP, one_of(REPORT_TO), "NAME", panel="Run"),
-    Opt("ddp_timeout", int, 1800, "Seconds a distributed rank waits for the others before failing (transformers' default: 1800).", TRP, positive_int, "SECONDS", panel="Run"),
-    Opt("trainer_args", dict, {}, "Any other SFTConfig / DPOConfig / TrainingArguments field, checked against the installed version (repeatable, e.g. --trainer-arg packing=true; recipe key trainer_args: a mapping).", TRP, metavar="KEY=VALUE", flag="--trainer-arg", item=object),
-    Opt("model_args", dict, {}, "Keyword argument for from_pretrained (repeatable, e.g. --model-arg attn_implementation=sdpa; recipe key model_args: a mapping).", TR, metavar="KEY=VALUE", flag="--model-arg", item=object, panel="Inputs"),
+    Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRAINING, one_of(PRECISIONS), "NAME"),
+    Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRAINING),
+    Opt("report_to", str, "none", "Experiment tracking: none, tensorboard, wandb, trackio or all (per-block LRs are logged as lr/block_i).", TRAINING, one_of(REPORT_TO), "NAME", panel="Run"),
+    Opt("ddp_timeout", int, 1800, "Seconds a distributed rank waits for the others before failing (transformers' default: 1800).", TRAINING, positive_int, "SECONDS", panel="Run"),
+    Opt("trainer_args", dict, {}, "Any other SFTConfig / DPOConfig / TrainingArguments field, checked against the installed version (repeatable, e.g. --trainer-arg packing=true; recipe key trainer_args: a mapping).", TRAINING, metavar="KEY=VALUE", flag="--trainer-arg", item=object),
+    Opt("model_args", dict, {}, "Keyword argument for from_pretrained (repeatable, e.g. --model-arg attn_implementation=sdpa; recipe key model_args: a mapping).", POST_TRAINING, metavar="KEY=VALUE", flag="--model-arg", item=object, panel="Inputs"),
     # LoRA
-    Opt("lora_r", int, None, "Train LoRA adapters of this rank instead of all weights (needs `pip install peft`).", TR, positive_int, "R", panel="LoRA"),
-    Opt("lora_alpha", float, None, "LoRA alpha (default 2×r).", TR, positive, "FLOAT", panel="LoRA"),
-    Opt("lora_dropout", float, 0.0, "LoRA dropout.", TR, fraction_below_one, "FLOAT", panel="LoRA"),
-    Opt("lora_targets", str, "all-linear", "Comma-separated module names for LoRA (e.g. q_proj,v_proj) or all-linear.", TR, metavar="NAMES", panel="LoRA"),
+    Opt("lora_r", int, None, "Train LoRA adapters of this rank instead of all weights (needs `pip install peft`).", POST_TRAINING, positive_int, "R", panel="LoRA"),
+    Opt("lora_alpha", float, None, "LoRA alpha (default 2×r).", POST_TRAINING, positive, "FLOAT", panel="LoRA"),
+    Opt("lora_dropout", float, 0.0, "LoRA dropout.", POST_TRAINING, fraction_below_one, "FLOAT", panel="LoRA"),
+    Opt("lora_targets", str, "all-linear", "Comma-separated module names for LoRA (e.g. q_proj,v_proj) or all-linear.", POST_TRAINING, metavar="NAMES", panel="LoRA"),
     # forgetting
-    Opt("ood_eval", list, [], "Text file whose perplexity is measured before and after training (repeatable).", TR, metavar="FILE", panel="Forgetting"),
+    Opt("ood_eval", list, [], "Text file whose perplexity is measured before and after training (repeatable).", POST_TRAINING, metavar="FILE", panel="Forgetting"),
     Opt("replay_dataset", str, None, "Pre-training-style text mixed into the training data against forgetting.", ("sft", "finetune"), metavar="FILE", panel="Forgetting"),
     Opt("replay_ratio", float, 0.0, "Fraction of training rows taken from --replay-dataset.", ("sft", "finetune"), fraction_below_one, "FRACTION", panel="Forgetting"),
     # run control
-    Opt("save_steps", int, 200, "Save a checkpoint every N steps.", TRP, positive_int, "N", panel="Run"),
-    Opt("save_total_limit", int, 2, "Keep at most N checkpoints.", TRP, positive_int, "N", panel="Run"),
-    Opt("logging_steps", int, 10, "Log every N steps.", TRP, positive_int, "N", panel="Run"),
-    Opt("eval_steps", int, None, "Evaluate every N steps (default: at the end only).", TRP, positive_int, "N", panel="Run"),
-    Opt("dry_run", bool, False, "Build model, data and parameter groups, print the plan, write param_groups.json; train nothing.", TRP, panel="Run"),
-    Opt("overwrite", bool, False, "Allow writing into a non-empty output directory.", TRP + ("demo",), panel="Run"),
-    Opt("resume", bool, False, "Continue from the newest complete checkpoint in --output-dir.", TRP, panel="Run"),
-    Opt("allow_config_change", bool, False, "With --resume: accept a different LR / γ / grouping than the checkpoint's run.", TRP, panel="Run"),
+    Opt("save_steps", int, 200, "Save a checkpoint every N steps.", TRAINING, positive_int, "N", panel="Run"),
+    Opt("save_total_limit", int, 2, "Keep at most N checkpoints.", TRAINING, positive_int, "N", panel="Run"),
+    Opt("logging_steps", int, 10, "Log every N steps.", TRAINING, positive_int, "N", panel="Run"),
+    Opt("eval_steps", int, None, "Evaluate every N steps (default: at the end only).", TRAINING, positive_int, "N", panel="Run"),
+    Opt("dry_run", bool, False, "Build model, data and parameter groups, print the plan, write param_groups.json; train nothing.", TRAINING, panel="Run"),
+    Opt("overwrite", bool, False, "Allow writing into a non-empty output directory.", TRAINING + ("demo",), panel="Run"),
+    Opt("resume", bool, False, "Continue from the newest complete checkpoint in --output-dir.", TRAINING, panel="Run"),
+    Opt("allow_config_change", bool, False, "With --resume: accept a different LR / γ / grouping than the checkpoint's run.", TRAINING, panel="Run"),
     # eval
     Opt("text", list, [], "Text file to measure perplexity on (repeatable).", ("eval",), metavar="FILE", panel="Inputs"),
     Opt("sft_dataset", str, None, "Instruction set whose mean completion-token loss is reported.", ("eval",), metavar="FILE", panel="Inputs"),
@@ -191,7 +194,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("recipe", str, None, "YAML recipe: keys are these option names; command-line flags override it.", ALL_COMMANDS[:4] + ("eval",), metavar="FILE", panel="Run", recipe=False),
     Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
 )
-OPTION_BY_NAME = {o.name: o for o in OPTIONS}
+RECIPE_KEYS = {o.recipe_key for o in OPTIONS}
 
 # options whose meaning differs for one command
 EVAL_MODEL = Opt("model", str, None, "Model to evaluate: a local directory or hub id.", ("eval",), metavar="PATH_OR_HUB_ID", required=True, panel="Inputs")
@@ -213,33 +216,102 @@ def options_for(command: str) -> list[Opt]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """The resolved configuration of one command run (attribute access, plus where each value came from)."""
+    """The resolved configuration of one command run: one typed field per option of the table (a test checks that
+    the two match), None for options the command does not have; plus where each value came from and the command
+    line as given. Frozen: a step that changes a value makes a new config (`dataclasses.replace`)."""
 
     command: str
-    values: dict[str, Any]
-    sources: dict[str, str] = field(default_factory=dict)  # name -> "default" | "recipe" | "cli"
+    sources: dict[str, str] = field(default_factory=dict)  # option name -> "default" | "recipe" | "cli"
     argv: list[str] = field(default_factory=list)  # the command line as given: COMMAND OPTIONS...
+    # inputs
+    model: str | None = None
+    dataset: str | None = None
+    output_dir: str | None = None
+    eval_dataset: str | None = None
+    eval_split: float | None = None
+    max_samples: int | None = None
+    ref_model: str | None = None
+    model_config: str | None = None
+    vocab_size: int | None = None
+    trust_remote_code: bool | None = None
+    model_args: dict[str, Any] | None = None
+    # layer-wise LR decay and LR factors
+    llrd: float | None = None
+    llrd_min_scale: float | None = None
+    llrd_freeze_below: float | None = None
+    llrd_blocks: str | None = None
+    lr_groups: dict[str, float] | None = None
+    tied_embeddings: str | None = None
+    # optimisation
+    lr: float | None = None
+    weight_decay: float | None = None
+    optim: str | None = None
+    lr_scheduler: str | None = None
+    warmup_ratio: float | None = None
+    max_steps: int | None = None
+    epochs: float | None = None
+    batch_size: int | None = None
+    grad_accum: int | None = None
+    max_length: int | None = None
+    seed: int | None = None
+    beta: float | None = None
+    precision: str | None = None
+    gradient_checkpointing: bool | None = None
+    report_to: str | None = None
+    ddp_timeout: int | None = None
+    trainer_args: dict[str, Any] | None = None
+    # LoRA
+    lora_r: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: str | None = None
+    loraplus_ratio: float | None = None
+    # forgetting
+    ood_eval: list[str] | None = None
+    replay_dataset: str | None = None
+    replay_ratio: float | None = None
+    # run control
+    save_steps: int | None = None
+    save_total_limit: int | None = None
+    logging_steps: int | None = None
+    eval_steps: int | None = None
+    dry_run: bool | None = None
+    overwrite: bool | None = None
+    resume: bool | None = None
+    allow_config_change: bool | None = None
+    recipe: str | None = None
+    debug: bool | None = None
+    # eval
+    text: list[str] | None = None
+    sft_dataset: str | None = None
+    json: bool | None = None
+    eval_batch_size: int | None = None
+    # generate
+    prompt: str | None = None
+    prompts: str | None = None
+    system: str | None = None
+    prompt_format: str | None = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    output: str | None = None
+    # demo
+    quick: bool | None = None
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["values"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def option_names(self) -> list[str]:
+        return [o.name for o in options_for(self.command)]
 
     def to_dict(self) -> dict[str, Any]:
+        """The command's options (not the run switches) for run_config.json and resume comparisons."""
         skip = {"debug", "json", "recipe", "dry_run", "overwrite", "resume", "allow_config_change"}
-        return {"command": self.command, **{k: v for k, v in self.values.items() if k not in skip}}
-
-    @property
-    def gamma(self) -> float:
-        return self.values.get("llrd", self.values.get("lr_layer_decay", 1.0))
+        return {"command": self.command, **{k: getattr(self, k) for k in self.option_names() if k not in skip}}
 
 
 def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
     """Turn a CLI string or a YAML value into the option's type. Returns (value, problem)."""
-    where = f"{opt.cli_flag}" if origin == "cli" else f"recipe key '{opt.name}'"
+    where = f"{opt.cli_flag}" if origin == "cli" else f"recipe key '{opt.recipe_key}'"
     if raw is None:
         return None, None
     t = opt.type
@@ -432,6 +504,7 @@ def load_recipe(path: str) -> dict[str, Any]:
 def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = None) -> RunConfig:
     """defaults < recipe < command line; validate everything; raise ConfigErrors listing all problems."""
     opts = {o.name: o for o in options_for(command)}
+    by_key = {o.recipe_key: o for o in opts.values()}
     problems: list[str] = []
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -442,18 +515,18 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
     recipe_path = cli_values.get("recipe")
     if recipe_path:
         recipe = load_recipe(recipe_path)
-        valid = sorted(n for n, o in opts.items() if o.recipe)
+        valid = sorted(o.recipe_key for o in opts.values() if o.recipe)
         for key, raw in recipe.items():
-            o = opts.get(key)
+            o = by_key.get(key)
             if o is None or not o.recipe:
-                hint = " (it belongs to another command)" if key in OPTION_BY_NAME else ""
+                hint = " (it belongs to another command)" if key in RECIPE_KEYS else ""
                 problems.append(f"recipe {shorten(recipe_path)}: unknown key '{shorten(key, 60)}'{hint}")
                 continue
             v, problem = _coerce(o, raw, "recipe")
             if problem:
                 problems.append(f"recipe {shorten(recipe_path)}: {problem}")
                 continue
-            values[key], sources[key] = v, "recipe"
+            values[o.name], sources[o.name] = v, "recipe"
         if any("unknown key" in p for p in problems):
             problems.append(f"valid recipe keys for '{command}': {', '.join(valid)}")
 
@@ -472,26 +545,26 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
         v = values.get(name)
         if v is None:
             if o.required:
-                problems.append(f"missing {o.cli_flag} (or recipe key '{name}')")
+                problems.append(f"missing {o.cli_flag} (or recipe key '{o.recipe_key}')")
             continue
         if o.check is not None and sources[name] != "default":
             items = v if isinstance(v, list) else list(v.items()) if isinstance(v, dict) else [v]
             for item in items:
                 problem = o.check(item)
                 if problem:
-                    where = o.cli_flag if sources[name] == "cli" else f"recipe key '{name}'"
+                    where = o.cli_flag if sources[name] == "cli" else f"recipe key '{o.recipe_key}'"
                     problems.append(f"{where} {problem}, got {quote(item)}")
 
     if command in COMMAND_DEFAULT_LR and values.get("lr") is None:
         values["lr"] = COMMAND_DEFAULT_LR[command]
-    if command in TRP and not values.get("output_dir") and values.get("model" if command != "pretrain" else "dataset"):
+    if command in TRAINING and not values.get("output_dir") and values.get("model" if command != "pretrain" else "dataset"):
         values["output_dir"] = default_output_dir(command, values["model" if command != "pretrain" else "dataset"])
     if "max_length" in values and values.get("max_length") is None:
         values["max_length"] = COMMAND_DEFAULT_MAX_LENGTH[command]
     problems += _cross_checks(command, values)
     if problems:
         raise ConfigErrors(problems)
-    return RunConfig(command, values, sources, list(argv or [command]))
+    return RunConfig(command=command, sources=sources, argv=list(argv or [command]), **values)
 
 
 def default_output_dir(command: str, source: str) -> str:
@@ -544,12 +617,12 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     return problems
 
 
-def producing_recipe(values: dict[str, Any], ref: str) -> str | None:
-    """When `ref` (e.g. runs/shakespeare-base) is the output_dir of a recipe beside --recipe (or in ./recipes),
+def producing_recipe(recipe: str | None, ref: str) -> str | None:
+    """When `ref` (e.g. runs/shakespeare-base) is the output_dir of a recipe beside `recipe` (or in ./recipes),
     a hint naming the command that produces it."""
     dirs = []
-    if values.get("recipe"):
-        dirs.append(Path(values["recipe"]).expanduser().parent)
+    if recipe:
+        dirs.append(Path(recipe).expanduser().parent)
     dirs.append(Path("recipes"))
     want = os.path.normpath(ref.rstrip("/"))
     seen = set()

@@ -130,10 +130,10 @@ def _inside(path: str, out: Path) -> bool:
 def _inputs_inside(cfg, out: Path) -> list[str]:
     found = []
     for key in INPUT_KEYS:
-        value = cfg.values.get(key)
+        value = getattr(cfg, key, None)
         if isinstance(value, str) and value and os.path.exists(os.path.expanduser(value)) and _inside(value, out):
             found.append(f"--{key.replace('_', '-')} {_short(value)}")
-    for path in cfg.values.get("ood_eval") or []:
+    for path in getattr(cfg, "ood_eval", None) or []:
         if os.path.exists(os.path.expanduser(path)) and _inside(path, out):
             found.append(f"--ood-eval {_short(path)}")
     return found

@@ -6,6 +6,7 @@ This is the only module of the CLI path that imports torch/transformers/TRL (thr
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import sys
@@ -29,14 +30,14 @@ def plan_param_groups(cfg, model):
         plan = llrd.build_param_groups(
             model,
             cfg.lr,
-            cfg.gamma,
+            cfg.llrd,
             cfg.weight_decay,
             tied_policy=cfg.tied_embeddings,
             min_scale=cfg.llrd_min_scale,
             freeze_below=cfg.llrd_freeze_below,
             block_path=cfg.llrd_blocks,
             lr_groups=cfg.lr_groups,
-            loraplus_ratio=cfg.values.get("loraplus_ratio", 1.0),
+            loraplus_ratio=cfg.loraplus_ratio or 1.0,
         )
     except llrd.BlockStructureError as e:
         example = e.candidates[0][0] if e.candidates else "model.layers"
@@ -132,7 +133,7 @@ def _prepare_data(cfg, tokenizer):
         prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
-    if cfg.values.get("replay_dataset"):
+    if cfg.replay_dataset:
         if cfg.command == "sft":  # replay rows take the SFT rows' shape, with the loss on the replayed text
             texts = [r["text"] for r in data.read_records(cfg.replay_dataset) if isinstance(r.get("text"), str)]
             prepared.train = data.mix_replay(prepared.train, texts, cfg.replay_ratio, cfg.seed)
@@ -161,15 +162,15 @@ def _check_trainer_args(cfg, kind: str, precision: str) -> dict:
     return check_trainer_args(kind, cfg.trainer_args or {})
 
 
-def _clamp_max_length(cfg, limit: int | None) -> list[str]:
+def _clamp_max_length(cfg, limit: int | None):
     """--max-length above the model's positions would crash models with learned position embeddings: clamp it
-    (with a note when the user asked for more; the default simply becomes the model's limit)."""
+    (with a note when the user asked for more; the default simply becomes the model's limit). Returns the
+    (possibly new) config and the notes."""
     if limit is None or cfg.max_length <= limit:
-        return []
+        return cfg, []
     asked = cfg.sources.get("max_length") != "default"
     note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
-    cfg.values["max_length"] = limit
-    return [note] if asked else []
+    return dataclasses.replace(cfg, max_length=limit), ([note] if asked else [])
 
 
 def train(cfg) -> None:
@@ -197,13 +198,14 @@ def _train(cfg, run_dir, resume_from) -> None:
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
     trainer_args = _check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
-    models.check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.values, cfg.model))
+    models.check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model))
     model_args = models.check_model_args(cfg.model, cfg.model_args, cfg.trust_remote_code)
     if cfg.command == "dpo" and cfg.ref_model:
-        models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.values, cfg.ref_model))
+        models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model))
     notes: list[str] = []
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes)
-    notes += _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
+    cfg, clamped = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
+    notes += clamped
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args)
     models.fit_embeddings_to_tokenizer(model, tokenizer)
@@ -226,9 +228,9 @@ def _train(cfg, run_dir, resume_from) -> None:
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
         "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}" if cfg.lora_r else None,
         "DPO": f"β={cfg.beta}, reference={cfg.ref_model or ('adapter-disabled base' if cfg.lora_r else 'frozen copy of --model')}" if cfg.command == "dpo" else None,
-        "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.values.get("replay_dataset") else None,
+        "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
         "precision": f"{precision} on {_device_name()}",
-        "recipe": cfg.values.get("recipe"),
+        "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
     resolved = {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args, "model_args": {k: str(v) for k, v in model_args.items()}}
@@ -350,7 +352,7 @@ def _write_model_card(cfg, run_dir, plan, prepared, metrics: dict, forgetting: d
     run_dir.own(["README.md"])
     data = {"source": prepared.source, "format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval,
             "eval_source": prepared.eval_source}
-    text = model_card.render(command=cfg.command, argv=cfg.argv, recipe=cfg.recipe if cfg.values.get("recipe") else None,
+    text = model_card.render(command=cfg.command, argv=cfg.argv, recipe=cfg.recipe,
                              base_model=None if cfg.command == "pretrain" else cfg.model, plan=plan, data=data, metrics=metrics,
                              forgetting=forgetting, drift=drift_report, output_dir=cfg.output_dir)
     tmp = Path(cfg.output_dir) / "README.md.tmp"
@@ -401,7 +403,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, block length {cfg.max_length})",
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
         "precision": f"{precision} on {_device_name()}",
-        "recipe": cfg.values.get("recipe"),
+        "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
     if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args}, run_dir):
@@ -421,11 +423,12 @@ def evaluate(cfg) -> None:
 
     quiet_progress_bars()
     if not Path(cfg.model).expanduser().exists():  # a hub id: offline and not cached is a usage error
-        check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.values, cfg.model))
+        check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model))
     model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
     from posttrainllm.models import max_positions
 
-    for note in _clamp_max_length(cfg, max_positions(cfg.model, cfg.trust_remote_code)):
+    cfg, clamped = _clamp_max_length(cfg, max_positions(cfg.model, cfg.trust_remote_code))
+    for note in clamped:
         print(f"note: {note}", file=sys.stderr)
     sft_examples = None
     if cfg.sft_dataset:

@@ -207,7 +207,7 @@ def _check_cells(spec: SweepSpec) -> list[str]:
             problems.append("a sweep needs an in-domain eval set: give --eval-split FRACTION or --eval-dataset FILE")
         if not cfg.ood_eval:
             problems.append("a sweep needs at least one --ood-eval FILE to measure forgetting")
-        if cell.replay_ratio > 0 and not cfg.values.get("replay_dataset"):
+        if cell.replay_ratio > 0 and not cfg.replay_dataset:
             problems.append("--replay-ratio above 0 needs --replay-dataset FILE")
     return problems
 

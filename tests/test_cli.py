@@ -147,3 +147,24 @@ def test_validation_imports_no_heavy_library():
 def test_python_dash_m_works():
     r = subprocess.run([sys.executable, "-m", "posttrainllm", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "sft" in r.stdout
+
+
+def test_run_config_fields_match_the_option_table():
+    """RunConfig is typed (checked statically); this keeps it and the option table from drifting apart."""
+    import dataclasses
+
+    from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "sources", "argv"}
+    names = {o.name for o in OPTIONS} | {o.name for o in EXTRA_OPTIONS.values()}
+    assert fields == names
+    cfg = RunConfig(command="sft")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0
+
+
+def test_pretrain_layer_decay_is_one_internal_name():
+    from posttrainllm.config import resolve
+
+    cfg = resolve("pretrain", {"dataset": "org/corpus", "llrd": "0.8"})
+    assert cfg.llrd == 0.8 and cfg.to_dict()["llrd"] == 0.8 and "lr_layer_decay" not in cfg.to_dict()
