@@ -201,7 +201,7 @@ def _check_cells(spec: SweepSpec) -> list[str]:
             problems.append(str(e))
             continue
         except Exception as e:  # click usage errors (unknown option, missing value)
-            problems.append(getattr(e, "format_message", lambda: str(e))())
+            problems.append(e.format_message() if hasattr(e, "format_message") else str(e))
             continue
         if not (cfg.eval_split or cfg.eval_dataset):
             problems.append("a sweep needs an in-domain eval set: give --eval-split FRACTION or --eval-dataset FILE")
