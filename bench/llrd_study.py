@@ -124,15 +124,16 @@ def prepare_data(out: Path) -> dict[str, Path]:
     return files
 
 
-def pretrain(out: Path, name: str, corpus: Path, blocks: int, steps: int, quick: bool, log_dir: Path) -> Path:
-    """A llama-style base, hidden 64, `blocks` blocks, BPE vocab 2048, via `posttrainllm pretrain`."""
+def pretrain(out: Path, name: str, corpus: Path, blocks: int, steps: int, quick: bool, log_dir: Path, hidden: int = 64) -> Path:
+    """A llama-style base, `hidden` wide, `blocks` blocks, BPE vocab 2048, via `posttrainllm pretrain`."""
     base = out / name
     if (base / "training_complete.json").exists():
         return base
     config = out / f"{name}_config.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": blocks,
-                                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-                                  "tie_word_embeddings": False}))
+    heads = max(4, hidden // 64)
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": hidden, "intermediate_size": int(hidden * 2.75),
+                                  "num_hidden_layers": blocks, "num_attention_heads": heads, "num_key_value_heads": heads // 2,
+                                  "max_position_embeddings": 512, "tie_word_embeddings": False}))
     print(f"  pre-training {name}: {blocks} blocks, {steps} steps on {corpus.name} ...", flush=True)
     cli(["pretrain", "--dataset", str(corpus), "--output-dir", str(base), "--model-config", str(config), "--vocab-size", "2048",
          "--max-length", "256", "--batch-size", "8", "--lr", "1e-3", "--lr-scheduler", "cosine", "--warmup-ratio", "0.05",
@@ -189,21 +190,24 @@ def study_loraplus(ctx: dict) -> dict:
 
 def study_depth(ctx: dict) -> dict:
     files, q = ctx["files"], ctx["quick"]
-    steps = 150 if q else 1500
+    steps = ctx.get("pretrain_steps") or (150 if q else 1500)
+    depths = ctx.get("depths") or ((2, 6) if q else (8, 24))
     res = {}
-    for blocks in ((2, 6) if q else (8, 24)):
-        base = pretrain(ctx["out"], f"depth{blocks}", files["pretrain_big"], blocks, steps, q, ctx["logs"])
+    for blocks in depths:
+        name = f"depth{blocks}" + (f"-h{ctx['hidden']}" if ctx.get("hidden", 64) != 64 else "")
+        base = pretrain(ctx["out"], name, files["pretrain_big"], blocks, steps, q, ctx["logs"], hidden=ctx.get("hidden", 64))
         common = sft_args(base, files, ["ood_shakespeare", "ood_code", "ood_docs"], 40 if q else 150)
-        seeds = "0" if q else "0,1,2"
-        small = 2 if q else 8
+        seeds = ctx.get("seeds") or ("0" if q else "0,1,2")
+        small = min(depths)
         # γ, and for the deeper base also the γ that gives the shallow base's bottom-block scale γ^(N-1)
         gammas = ["0.9", "0.8"]
         if blocks != small:
             gammas += [f"{0.9 ** ((small - 1) / (blocks - 1)):.4f}", f"{0.8 ** ((small - 1) / (blocks - 1)):.4f}"]
-        cells = sweep("sft", [*common, "--llrd", "1.0", "--lr", "1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3", "--seeds", seeds, "--jobs", "2"],
-                      ctx["out"] / f"depth{blocks}")
-        cells += sweep("sft", [*common, "--llrd", ",".join(gammas), "--lr", "2e-3" if q else "7e-4,1.2e-3,2e-3", "--seeds", seeds,
-                               "--jobs", "2"], ctx["out"] / f"depth{blocks}")
+        jobs = str(ctx.get("jobs", 2))
+        cells = sweep("sft", [*common, "--llrd", "1.0", "--lr", ctx.get("flat_lrs") or ("1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3"),
+                              "--seeds", seeds, "--jobs", jobs], ctx["out"] / name)
+        cells += sweep("sft", [*common, "--llrd", ",".join(gammas), "--lr", ctx.get("llrd_lrs") or ("2e-3" if q else "7e-4,1.2e-3,2e-3"),
+                               "--seeds", seeds, "--jobs", jobs], ctx["out"] / name)
         res[blocks] = {"base": base, "cells": cells, "curve": pretrain_curve(base)}
     return res
 
@@ -355,13 +359,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "study"), help="work directory (models, cells, logs)")
     ap.add_argument("--docs", default=str(ROOT / "docs"), help="where results.md and the plots go")
     ap.add_argument("--no-docs", action="store_true", help="do not write docs/ (only the work directory)")
+    ap.add_argument("--hidden", type=int, default=64, help="depth study: width of the bases (64 on CPU; 512 on a GPU)")
+    ap.add_argument("--depths", default=None, help="depth study: comma-separated block counts (default 8,24)")
+    ap.add_argument("--pretrain-steps", type=int, default=None, help="depth study: pre-training steps of each base")
+    ap.add_argument("--seeds", default=None, help="depth study: comma-separated seeds (default 0,1,2)")
+    ap.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
     args = ap.parse_args()
     if not SHARED.is_dir():
         sys.exit(f"skipped: {SHARED} not found (the studies need ../shared/data)")
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
     out = Path(args.out) / ("quick" if args.quick else "full")
-    ctx = {"out": out, "quick": args.quick, "files": prepare_data(out / "data"), "logs": out / "logs"}
+    ctx = {"out": out, "quick": args.quick, "files": prepare_data(out / "data"), "logs": out / "logs", "hidden": args.hidden,
+           "depths": tuple(int(d) for d in args.depths.split(",")) if args.depths else None,
+           "pretrain_steps": args.pretrain_steps, "seeds": args.seeds, "jobs": args.jobs}
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"minutes": {}, "bases": {}}
     results = {}
