@@ -11,6 +11,7 @@ out="${1:?usage: bash bench/gpu_study.sh OUT_DIR}"
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -c "import torch; assert torch.cuda.is_available(), 'no GPU: this script is for a GPU machine'; print(torch.cuda.get_device_name(0))"
+mkdir -p "$out/docs"
 start=$(date +%s)
 python bench/llrd_study.py --study depth --hidden 512 --depths 8,24 --pretrain-steps 1500 --seeds 0 --jobs 1 \
     --out "$out/study" --docs "$out/docs" 2>&1 | tee "$out/gpu_study.log"
