@@ -9,7 +9,8 @@ small wrapper that records, on every rank, the groups the prepared optimizer rea
 | fsdp2 | trains; groups read back == param_groups.json (names, LRs, weight decay, parameter names); drift ∝ γ^depth |
 | fsdp1_orig_params | FSDP1 with fsdp_use_orig_params: true: the same checks |
 | fsdp1_flat_params | FSDP1 with fsdp_use_orig_params: false: refused ("use_orig_params"), nothing trained |
-| deepspeed_zero2 / deepspeed_zero3 | no "optimizer" block: trains; DeepSpeed's optimizer groups carry our names, LRs and weight decay, with the planned number of elements (summed over ranks); drift ∝ γ^depth |
+| deepspeed_zero2, _zero3 | no "optimizer" block: trains; our group names, LRs, weight decay and sizes read back |
+|  | from DeepSpeed's optimizer (element counts summed over ranks); drift ∝ γ^depth |
 | deepspeed_own_optimizer | a DeepSpeed config with its own "optimizer": refused, nothing trained |
 | ddp | the reference: `torchrun`, same seed; every engine's final model is compared with it (reported) |
 
@@ -118,7 +119,7 @@ def launch(root: Path, name: str, config: Path | None, model: Path, data: Path, 
     cmd = head + [str(root / "spy.py"), "sft", "--model", str(model), "--dataset", str(data), "--output-dir", str(out), *ARGS]
     t0 = time.time()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=CASE_TIMEOUT_S)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=CASE_TIMEOUT_S, check=False)
         code, text = r.returncode, r.stdout + r.stderr
     except subprocess.TimeoutExpired as e:
         code, text = "timeout", f"{e.stdout or ''}{e.stderr or ''}"

@@ -29,15 +29,21 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def on_cpu() -> bool:
+    """Whether the ranks run on CPU: no CUDA device, or the launcher asked for CPU (accelerate's `use_cpu: true`)."""
+    import torch
+
+    return not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("true", "1", "yes")
+
+
 def init_process_group(timeout_s: int) -> bool:
-    """Create the CPU (gloo) process group with `timeout_s` under a multi-process launch on a machine without GPUs
-    (on GPUs transformers creates it with that timeout). True when this call created it."""
+    """Create the CPU (gloo) process group with `timeout_s` under a multi-process launch on CPU (on GPUs transformers
+    creates it with that timeout). True when this call created it."""
     if world_size() <= 1:
         return False
-    import torch
     import torch.distributed as dist
 
-    if torch.cuda.is_available() or not dist.is_available() or dist.is_initialized():
+    if not on_cpu() or not dist.is_available() or dist.is_initialized():
         return False
     from datetime import timedelta
 

@@ -118,7 +118,9 @@ def _fsdp_version_on_cpu(args) -> str | None:
     fsdp_args = getattr(args, "fsdp_plugin_args", None)
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" and fsdp_args is None:
         return None
-    if _cuda_available() and not args.use_cpu:
+    from posttrainllm.distributed import on_cpu
+
+    if not (args.use_cpu or on_cpu()):
         return None
     return str((fsdp_args or {}).get("fsdp_version") or os.environ.get("FSDP_VERSION", "1"))
 
