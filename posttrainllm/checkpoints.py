@@ -24,6 +24,7 @@ import shutil
 import signal
 from pathlib import Path
 
+from posttrainllm.distributed import max_over_ranks
 from posttrainllm.errors import TrainingError, UsageError
 
 MARKER = "COMPLETE"
@@ -165,7 +166,11 @@ def write_json(path: Path, data) -> None:
 
 
 def nonfinite_parameters(model, limit: int = 3) -> list[str]:
-    """Names of (at most `limit`) parameters holding NaN/inf; one device sync per device when all are finite."""
+    """Names of (at most `limit`) parameters holding NaN/inf; one device sync per device when all are finite.
+
+    Under torch.distributed every rank must call it: a sharded model (FSDP2's DTensors, ZeRO-3) holds different
+    values on each rank, so the ranks agree on the answer (one all-reduce), or one rank would stop while the others
+    wait for it in the next collective."""
     import torch
 
     def all_finite(t):  # in chunks: the temporary mask stays small even for a huge embedding matrix
@@ -178,9 +183,11 @@ def nonfinite_parameters(model, limit: int = 3) -> list[str]:
     with torch.no_grad():
         for n, p in named:
             by_device.setdefault(p.device, []).append(all_finite(p))
-        if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
+        finite = all(bool(torch.stack(flags).all()) for flags in by_device.values())
+        if not max_over_ranks(int(not finite)):
             return []
-        return [n for n, p in named if not bool(all_finite(p))][:limit]
+        mine = [n for n, p in named if not bool(all_finite(p))][:limit]
+        return mine or ["(a shard held by another rank)"]
 
 
 def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
@@ -198,12 +205,22 @@ def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
     tmp = outp / outdir.HIDDEN / "final-tmp"
     if is_rank0() and tmp.exists():
         shutil.rmtree(tmp)
-    if hasattr(trainer_or_model, "save_model"):  # every rank: FSDP/DeepSpeed gather the weights collectively
+    if getattr(trainer_or_model, "is_fsdp_enabled", False):
+        # the full weights, gathered on every rank, whatever the checkpoints' state-dict type (transformers' save_model
+        # writes no weights at all under FSDP's SHARDED_STATE_DICT, accelerate's default)
+        state_dict = trainer_or_model.accelerator.get_state_dict(trainer_or_model.model)
+        trainer_or_model._save(str(tmp), state_dict=state_dict)
+    elif hasattr(trainer_or_model, "save_model"):  # every rank: DeepSpeed gathers the weights collectively
         trainer_or_model.save_model(str(tmp))
     elif is_rank0():
         trainer_or_model.save_pretrained(str(tmp), safe_serialization=True)
     if not is_rank0():
         return None
+    if not any(tmp.glob("*.safetensors")) and not any(tmp.glob("*.bin")):
+        raise TrainingError(
+            f"the final save wrote no model weights into {tmp}, so no final model was written (the checkpoints are kept). "
+            "With DeepSpeed ZeRO-3, set stage3_gather_16bit_weights_on_model_save: true in its config"
+        )
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     files = sorted(tmp.iterdir(), key=lambda f: (f.name in ("config.json", "adapter_config.json"), f.name))
@@ -220,13 +237,28 @@ def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
 
 
 class InterruptGuard:
-    """Context manager: the first SIGTERM/SIGINT asks the trainer to checkpoint and stop; a second one aborts."""
+    """Context manager: the first SIGTERM/SIGINT asks the trainer to checkpoint and stop; a second one aborts.
+
+    SIGTERM repeated within `REPEAT_S` seconds of the first is the same request delivered twice, not a second one:
+    a scheduler signals every process while the launcher passes the signal on too, and the kernel sends a worker
+    its parent-death signal once per exiting thread of a killed launcher."""
+
+    REPEAT_S = 2.0
 
     def __init__(self):
         self.signum: int | None = None
+        self.from_other_rank = False  # the signal reached another rank, and this one stops with it
+        self._first_at = 0.0
         self._old = {}
 
     def _handle(self, signum, frame):
+        import time
+
+        if self.from_other_rank:  # already stopping with another rank: this rank's own (first) signal changes nothing
+            self.from_other_rank, self._first_at = False, time.monotonic()
+            return
+        if self.signum == signal.SIGTERM == signum and time.monotonic() - self._first_at < self.REPEAT_S:
+            return
         if self.signum is not None:  # a second signal: stop now (the checkpoint being written gets no marker)
             signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
             if signum == signal.SIGINT:
@@ -235,7 +267,7 @@ class InterruptGuard:
 
             sys.stderr.write("error: stopped by a second SIGTERM; a checkpoint cut short has no COMPLETE marker and --resume skips it\n")
             raise SystemExit(EXIT_SIGTERM)
-        self.signum = signum
+        self.signum, self._first_at = signum, time.monotonic()
 
     def __enter__(self):
         for s in (signal.SIGTERM, signal.SIGINT):
@@ -261,7 +293,12 @@ def make_callback(guard: InterruptGuard):
 
     class SafetyCallback(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if guard.signum is not None:
+            # under torch.distributed the ranks stop at the same step, even when the signal reached them on either
+            # side of a step boundary (or reached only some of them): one all-reduce of a CPU scalar per step
+            signum = max_over_ranks(guard.signum or 0)
+            if signum:
+                if guard.signum is None:
+                    guard.signum, guard.from_other_rank = signum, True
                 control.should_save = True
                 control.should_training_stop = True
             return control

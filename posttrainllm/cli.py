@@ -117,8 +117,10 @@ def guarded(fn: Callable[[], Any], debug: bool) -> int:
 
 def _error(message: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
+    # escaped: a message quoting e.g. "[/path/pair.cc:553]" is text, not markup
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", markup=True)
 
 
 # -- the commands: each hands the resolved config to the run module (heavy imports happen there) -------------------

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -180,7 +181,23 @@ def train(cfg) -> None:
         return
     run_dir, resume_from = prepared_output
     with run_dir:  # holds the output directory's lock; puts replaced contents back if the run fails early
-        _train(cfg, run_dir, resume_from)
+        _across_ranks(cfg, lambda: _train(cfg, run_dir, resume_from))
+
+
+def _across_ranks(cfg, fn) -> None:
+    """fn() under torchrun/accelerate: the CPU process group with --ddp-timeout, and another rank's failure (a closed
+    connection, a timeout) as one clear message (posttrainllm/distributed.py)."""
+    from posttrainllm import distributed
+
+    distributed.stop_with_launcher()
+    distributed.init_process_group(cfg.ddp_timeout)
+    try:
+        fn()
+    except RuntimeError as e:  # torch.distributed's errors (DistBackendError, DistStoreError, gloo's) are RuntimeErrors
+        lost = distributed.lost_rank_error(e, cfg.ddp_timeout, cfg.output_dir)
+        if lost is None:
+            raise
+        raise lost from e
 
 
 def _train(cfg, run_dir, resume_from) -> None:
@@ -212,6 +229,7 @@ def _train(cfg, run_dir, resume_from) -> None:
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
         ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model", model_args=model_args) if cfg.ref_model else copy.deepcopy(model)
+        ref_model.requires_grad_(False)  # frozen: never in the optimizer (under FSDP it is sharded for its forward only)
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
 
@@ -278,12 +296,7 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
         with guard:
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         if guard.signum is not None:
-            if trainer.is_world_process_zero():
-                import shlex
-
-                args = [a for a in cfg.argv if a != "--overwrite"]
-                resume_cmd = "posttrainllm " + " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
-                banner.console.print(f"[yellow]interrupted[/] at step {trainer.state.global_step}: checkpoint saved in {cfg.output_dir}. Resume with:\n  {resume_cmd}")
+            _report_interrupt(cfg, trainer, guard)
             raise SystemExit(guard.exit_code)
         metrics = dict(result.metrics)
         if not math.isfinite(metrics.get("train_loss", 0.0)):
@@ -298,6 +311,8 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
         from posttrainllm import drift
 
         drift_report = drift.measure(trainer.model, baseline, plan)  # every rank: FSDP gathers sharded tensors
+    # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
+    after = _ood_eval(trainer.model, tokenizer, cfg) if before is not None else None
     if trainer.is_world_process_zero():
         out = Path(cfg.output_dir)
         trainer.state.save_to_json(str(out / "trainer_state.json"))
@@ -305,7 +320,6 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
         if before is not None:
             from posttrainllm.evaluate import forgetting_report
 
-            after = _ood_eval(trainer.model, tokenizer, cfg)
             report = forgetting_report(before, after)
             results["ood"] = report
             _log_forgetting(trainer, report)
@@ -323,6 +337,26 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             banner.print_drift(drift_report)
         first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
         banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+def _report_interrupt(cfg, trainer, guard) -> None:
+    """Where the interrupt checkpoint is and the command that resumes (rank 0); a note from any other rank that
+    stopped because another one received the signal."""
+    import shlex
+    import signal
+
+    from posttrainllm import distributed
+
+    step = trainer.state.global_step
+    why = f" (another rank received {signal.Signals(guard.signum).name})" if guard.from_other_rank else ""
+    if not trainer.is_world_process_zero():
+        if guard.from_other_rank:
+            print(f"rank {os.environ.get('RANK', '?')}: stopped at step {step}{why}; checkpoint saved in {cfg.output_dir}", file=sys.stderr, flush=True)
+        return
+    args = [a for a in cfg.argv if a != "--overwrite"]
+    resume_cmd = "posttrainllm " + " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
+    where = " (under the same launcher, on every node)" if distributed.world_size() > 1 else ""
+    banner.console.print(f"[yellow]interrupted[/] at step {step}{why}: checkpoint saved in {cfg.output_dir}. Resume with{where}:\n  {resume_cmd}")
 
 
 def _log_forgetting(trainer, report: dict) -> None:
@@ -367,7 +401,7 @@ def pretrain(cfg) -> None:
         return
     run_dir, resume_from = prepared_output
     with run_dir:
-        _pretrain(cfg, run_dir, resume_from)
+        _across_ranks(cfg, lambda: _pretrain(cfg, run_dir, resume_from))
 
 
 def _pretrain(cfg, run_dir, resume_from) -> None:

@@ -42,7 +42,9 @@ class LLRDMixin:
         except ValueError as e:
             raise ModelError(f"the trainer's model differs from the planned one: {e}") from None
         groups = _split_by_device_mesh(groups)
-        _check_same_groups_on_every_rank(groups)
+        agreed = _check_same_groups_on_every_rank(groups)
+        if agreed and self.is_world_process_zero():
+            print(f"parameter groups: identical on all {agreed[1]} ranks (fingerprint {agreed[0][:16]})", flush=True)
         self.optimizer = optimizer_cls(groups, **kwargs)
         return self.optimizer
 
@@ -92,6 +94,57 @@ class LLRDMixin:
         super().log(logs, *args, **kwargs)
 
 
+class EngineMixin:
+    """FSDP on a machine without GPUs: accelerate (1.15) turns an FSDP launch into FSDP only on accelerator devices
+    and silently trains it as plain DDP on CPU, every rank holding the whole model and optimizer state. FSDP2 itself
+    (torch's ``fully_shard``) runs on CPU with gloo, so an FSDP2 launch on CPU is switched to accelerate's own FSDP2
+    path: DTensor parameters, a sharded optimizer state and sharded checkpoints, as on GPUs. FSDP1 needs GPUs and is
+    refused on CPU instead of silently running as DDP."""
+
+    def create_accelerator_and_postprocess(self):
+        on_cpu = _fsdp_version_on_cpu(self.args)
+        if on_cpu is not None and on_cpu != "2":
+            raise UsageError(
+                f"FSDP version {on_cpu} needs GPUs: on CPU accelerate would train this launch as plain DDP; use "
+                "fsdp_version: 2 in the accelerate config (examples/accelerate/fsdp2_cpu.yaml), or run on GPUs"
+            )
+        super().create_accelerator_and_postprocess()
+        if on_cpu == "2":
+            _switch_to_fsdp2(self)
+
+
+def _fsdp_version_on_cpu(args) -> str | None:
+    """The FSDP version the launch asks for ("1", "2") when it runs on CPU; None without FSDP or on GPUs."""
+    fsdp_args = getattr(args, "fsdp_plugin_args", None)
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" and fsdp_args is None:
+        return None
+    from posttrainllm.distributed import on_cpu
+
+    if not (args.use_cpu or on_cpu()):
+        return None
+    return str((fsdp_args or {}).get("fsdp_version") or os.environ.get("FSDP_VERSION", "1"))
+
+
+def _switch_to_fsdp2(trainer) -> None:
+    """Turn the MULTI_CPU (DDP) state accelerate built for an FSDP2 launch into its FSDP2 state (see EngineMixin)."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if trainer.is_fsdp_enabled:
+        return
+    state = trainer.accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        return
+    fsdp_args = getattr(trainer.args, "fsdp_plugin_args", None)
+    plugin = FullyShardedDataParallelPlugin(**fsdp_args) if fsdp_args else FullyShardedDataParallelPlugin()
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+
+
 class DivergenceGuardMixin:
     """Stops a run whose loss or gradient norm becomes NaN/inf (exit 1) before anything is saved from it.
 
@@ -137,18 +190,22 @@ class DivergenceGuardMixin:
     def _raise_if_diverged(self, tr_loss) -> None:
         import torch
 
+        from posttrainllm.distributed import max_over_ranks
+
         flags = []
         if isinstance(tr_loss, torch.Tensor):
             flags.append(~torch.isfinite(tr_loss.detach()).reshape(()))
         if self._nf_grad is not None:
             flags.append(self._nf_grad.reshape(()).to(flags[0].device) if flags else self._nf_grad.reshape(()))
-        bad = self._nf_grad_host or (bool(torch.stack(flags).any()) if flags else False)  # the one sync
-        if not bad:
+        mine = self._nf_grad_host or (bool(torch.stack(flags).any()) if flags else False)  # the one sync
+        if not max_over_ranks(int(mine)):  # every rank stops at the same check (each rank has its own loss)
             self._nf_checked = self.state.global_step
             self._nf_grad = None
             return
-        bad_loss = isinstance(tr_loss, torch.Tensor) and bool(flags[0])
-        what = "the training loss" if bad_loss else "the gradient norm"
+        if not mine:
+            what = "another rank's training loss or gradient norm"
+        else:
+            what = "the training loss" if isinstance(tr_loss, torch.Tensor) and bool(flags[0]) else "the gradient norm"
         raise TrainingError(self._divergence_message(f"{what} became NaN/inf"))
 
     def _divergence_message(self, what: str) -> str:
@@ -248,12 +305,13 @@ def _split_by_device_mesh(groups: list[dict]) -> list[dict]:
     return out
 
 
-def _check_same_groups_on_every_rank(groups: list[dict]) -> None:
-    """Under DDP/FSDP every rank must build identical groups (names, LRs, parameter shapes), or ranks diverge."""
+def _check_same_groups_on_every_rank(groups: list[dict]) -> tuple[str, int] | None:
+    """Under DDP/FSDP every rank must build identical groups (names, LRs, parameter shapes), or ranks diverge.
+    Returns (the groups' fingerprint, number of ranks) when every rank has the same; None outside torch.distributed."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
+        return None
     import hashlib
 
     desc = [(g["name"], g["lr"], g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in groups]
@@ -262,6 +320,7 @@ def _check_same_groups_on_every_rank(groups: list[dict]) -> None:
     dist.all_gather_object(every, mine)
     if len(set(every)) != 1:
         raise ModelError(f"ranks built different LLRD parameter groups ({len(set(every))} distinct layouts); every rank must load the same model and options")
+    return mine, len(every)
 
 
 def check_distributed_engine(trainer, llrd_active: bool) -> None:
@@ -514,17 +573,17 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
     if kind == "sft":
         from trl import SFTTrainer
 
-        cls = type("LLRDSFTTrainer", (DivergenceGuardMixin, LLRDMixin, SFTTrainer), {"llrd_plan": plan})
+        cls = type("LLRDSFTTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, SFTTrainer), {"llrd_plan": plan})
         trainer = cls(model=model, **common)
     elif kind == "dpo":
         from trl import DPOTrainer
 
-        cls = type("LLRDDPOTrainer", (DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_plan": plan})
+        cls = type("LLRDDPOTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_plan": plan})
         trainer = cls(model=model, ref_model=ref_model, **common)
     else:
         from transformers import Trainer, default_data_collator
 
-        cls = type("LLRDTrainer", (DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_plan": plan})
+        cls = type("LLRDTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_plan": plan})
         trainer = cls(model=model, data_collator=default_data_collator, **common)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

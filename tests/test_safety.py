@@ -512,9 +512,22 @@ def test_a_second_sigterm_during_the_checkpoint_save_still_exits_143():
     with pytest.raises(BaseException) as stopped, InterruptGuard() as guard:  # BaseException: the old code raised KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGTERM)  # first: finish the step, save, exit 143
         assert guard.signum == signal.SIGTERM
+        time.sleep(guard.REPEAT_S + 0.1)
         os.kill(os.getpid(), signal.SIGTERM)  # second, while "saving": stop now, still 143
         time.sleep(1)
     assert isinstance(stopped.value, SystemExit) and stopped.value.code == EXIT_SIGTERM == 143
+
+
+def test_sigterm_delivered_twice_at_once_is_one_request():
+    """A scheduler signals every process and the launcher passes SIGTERM on too; a killed launcher's threads each
+    send the parent-death signal: the copies must not abort the checkpoint that the first one asked for."""
+    from posttrainllm.checkpoints import InterruptGuard
+
+    with InterruptGuard() as guard:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        assert guard.signum == signal.SIGTERM
 
 
 @pytest.mark.smoke

@@ -1,0 +1,112 @@
+"""Runs under torchrun / accelerate launch: the process group's timeout, decisions the ranks take together, and
+another rank's failure as one message.
+
+- **Timeout.** transformers passes `--ddp-timeout` to the process group only on GPUs: on CPU it creates the gloo
+  group with torch's default (30 minutes) whatever the option says. So on CPU posttrainllm creates the gloo group
+  itself, before transformers, with `--ddp-timeout` as its timeout; every collective and barrier then gives up
+  after that many seconds instead of waiting.
+- **A worker never outlives its launcher.** torchrun starts each worker in a session of its own, so a launcher
+  killed alone leaves its workers training as orphans (the other nodes never notice). Under torchrun/accelerate
+  launch a worker asks the kernel (Linux) for SIGTERM when its launcher dies: it then stops as on any SIGTERM, and
+  every rank checkpoints at the same step and exits (posttrainllm/checkpoints.py).
+- **Ranks decide together.** Whether to stop for a signal, whether the loss diverged and whether the weights hold
+  NaN/inf are decided by all ranks at once (`max_over_ranks`, one all-reduce of a CPU scalar): a rank that decided
+  alone would leave the others waiting in the next collective.
+- **A rank that stopped.** When another rank (or a whole node) dies, the surviving ranks get an error from the
+  collective they were in: a closed connection at once, or a timeout after `--ddp-timeout` seconds. That error
+  becomes one line naming the cause and the way back (`--resume` on every node), exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from posttrainllm.errors import TrainingError
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def on_cpu() -> bool:
+    """Whether the ranks run on CPU: no CUDA device, or the launcher asked for CPU (accelerate's `use_cpu: true`)."""
+    import torch
+
+    return not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("true", "1", "yes")
+
+
+def init_process_group(timeout_s: int) -> bool:
+    """Create the CPU (gloo) process group with `timeout_s` under a multi-process launch on CPU (on GPUs transformers
+    creates it with that timeout). True when this call created it."""
+    if world_size() <= 1:
+        return False
+    import torch.distributed as dist
+
+    if not on_cpu() or not dist.is_available() or dist.is_initialized():
+        return False
+    from datetime import timedelta
+
+    dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return True
+
+
+_CPU_GROUP: list = []  # the process group used for CPU scalars (the default one unless it is NCCL-only)
+
+
+def max_over_ranks(value: int) -> int:
+    """`value`'s maximum over all ranks, through a CPU (gloo) group: no device sync; `value` itself when not
+    distributed."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    if not _CPU_GROUP:
+        backend = str(dist.get_backend())
+        _CPU_GROUP.append(None if "gloo" in backend or backend == "mpi" else dist.new_group(backend="gloo"))
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_CPU_GROUP[0])
+    return int(t.item())
+
+
+def stop_with_launcher() -> bool:
+    """SIGTERM to this process when its launcher dies (Linux prctl PR_SET_PDEATHSIG), under torchrun/accelerate
+    launch only. True when set."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+        return False
+
+
+# what torch.distributed / gloo / the TCP store say when a peer is gone or did not answer in time
+_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout",
+         "socket closed", "connection refused", "no route to host", "gloo", "nccl", "distbackenderror",
+         "diststoreerror", "distnetworkerror")
+
+
+def lost_rank_error(exc: BaseException, timeout_s: int, output_dir: str) -> TrainingError | None:
+    """The TrainingError to raise for `exc` when it means another rank stopped or did not answer; None otherwise."""
+    if world_size() <= 1:
+        return None
+    text = f"{type(exc).__name__}: {exc}"
+    if not any(k in text.lower() for k in _LOST):
+        return None
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    from pathlib import Path
+
+    from posttrainllm.checkpoints import checkpoint_dirs, verify_checkpoint
+
+    good = [d for d in checkpoint_dirs(output_dir) if verify_checkpoint(d) is None]
+    resume = (f"the newest complete checkpoint is {Path(output_dir) / good[-1].name}: start every node again with "
+              "--resume") if good else "no complete checkpoint was saved yet"
+    return TrainingError(
+        f"lost contact with another rank (rank {os.environ.get('RANK', '?')} of {world_size()}): a process or node "
+        f"stopped, or did not answer within --ddp-timeout {timeout_s} s ({first[:200]}); {resume}"
+    )
