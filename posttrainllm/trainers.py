@@ -173,13 +173,13 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
     if kind == "sft":
         from trl import SFTConfig, SFTTrainer
 
-        conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=None)
+        conf = SFTConfig(**_filter_kwargs(SFTConfig, args), max_length=cfg.max_length, packing=False, dataset_num_proc=_num_proc(cfg))
         cls = type("LLRDSFTTrainer", (LLRDMixin, SFTTrainer), {"llrd_settings": llrd_settings})
         trainer = cls(model=model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     elif kind == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length)
+        conf = DPOConfig(**_filter_kwargs(DPOConfig, args), beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
         cls = type("LLRDDPOTrainer", (LLRDMixin, DPOTrainer), {"llrd_settings": llrd_settings})
         trainer = cls(model=model, ref_model=ref_model, args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     elif kind == "causal_lm":
@@ -191,12 +191,18 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
     else:  # pragma: no cover - programming error
         raise ValueError(kind)
     check_distributed_engine(trainer, llrd_active=_llrd_active(llrd_settings))
-    if len(trainer.train_dataset) == 0:
+    if hasattr(trainer.train_dataset, "__len__") and len(trainer.train_dataset) == 0:  # a stream has no length
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer
 
 
-def total_steps(cfg, n_train: int, world_size: int = 1) -> int:
+def _num_proc(cfg) -> int | None:
+    """--dataset-num-proc for TRL's tokenization map (None: in this process)."""
+    n = cfg.values.get("dataset_num_proc") or 1
+    return n if n > 1 else None
+
+
+def total_steps(cfg, n_train: int | None, world_size: int = 1) -> int:
     if cfg.max_steps > 0:
         return cfg.max_steps
     return max(1, math.ceil(math.ceil(n_train / (cfg.batch_size * world_size)) / cfg.grad_accum * cfg.epochs))
