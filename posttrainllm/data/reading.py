@@ -50,6 +50,8 @@ SINGLE_OBJECT_LIMIT = 256 << 20
 # Above this size (or for Hub ids and streams) datasets' progress bars are shown.
 PROGRESS_BYTES = 32 << 20
 HEAD_ROWS = 100  # rows looked at to detect a format
+# JSON Lines files with a line this long are read line by line (pyarrow's reader would need ~10x the line).
+LONG_LINE = 4 << 20
 
 # Names that look like a file (any short alphanumeric extension) are never treated as a Hub id.
 _FILE_LIKE = re.compile(r"\.(json|jsonl|ndjson|csv|tsv|parquet|txt|arrow|gz|zip|bz2|xz|zst|md|text)$", re.I)
@@ -337,7 +339,7 @@ def txt_pieces(path: str, source: str, stamp: str = "", piece_bytes: int = TXT_P
     yield {"text": pending, "_doc_start": not started, "_doc_end": True}
 
 
-def _txt_features():
+def txt_features():
     import datasets
 
     return datasets.Features(
@@ -365,52 +367,85 @@ def _from_generator(generator, gen_kwargs: dict, features, streaming: bool):
 
 def _load_txt(path: Path, source: str, streaming: bool):
     kwargs = {"path": str(path), "source": source, "stamp": _stamp(path)}
-    return _from_generator(txt_pieces, kwargs, _txt_features(), streaming)
+    return _from_generator(txt_pieces, kwargs, txt_features(), streaming)
 
 
 # --- .jsonl -----------------------------------------------------------------------------------------------------
 
 
 def jsonl_records(path: str, source: str, stamp: str = "") -> Iterator[dict]:
-    """The records of a JSON Lines file, line by line (constant memory), with errors naming the line."""
+    """The records of a JSON Lines file, line by line (memory: about three times the longest line), with errors
+    naming the line."""
     offset = 0
     try:
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
                 if lineno == 1 and raw.startswith(_BOM):
                     raw, offset = raw[len(_BOM):], len(_BOM)
+                size = len(raw)
                 if b"\x00" in raw:
                     raise _nul_error(source)
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise _decode_error(source, e, offset) from None
-                offset += len(raw)
-                line = line.rstrip("\n").rstrip("\r")
-                if not line.strip():
+                if not raw or raw.isspace():
+                    offset += size
                     continue
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
+                    obj = json.loads(raw)  # bytes: decoded inside, no copy of the line kept
+                except UnicodeDecodeError as e:
+                    raise _decode_error(source, e, offset) from None
+                except json.JSONDecodeError:
+                    try:  # again without the line break, so that the column is the line's
+                        json.loads(raw.rstrip(b"\r\n"))
+                        e = None
+                    except json.JSONDecodeError as again:
+                        e = again
                     raise DataError(
-                        f"{source}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
+                        f"{source}: line {lineno} is not valid JSON ({e.msg if e else 'invalid'} at column "
+                        f"{e.colno if e else 1}); "
                         "each line of a .jsonl file must be one JSON object"
                     ) from None
+                del raw
+                offset += size
                 if not isinstance(obj, dict):
                     raise DataError(
                         f"{source}: line {lineno} is a JSON {json_type(obj)}, not an object; each line of a .jsonl "
                         'file must be one JSON object like {"instruction": ..., "output": ...}'
                     )
                 yield obj
+                del obj
     except OSError as e:
         raise DataError(f"cannot read {source}: {e.strerror or one_line(e)}") from None
+
+
+def has_long_line(path: Path, limit: int = LONG_LINE) -> bool:
+    """Whether some line is at least about `limit` bytes long (always found from 2 × limit on): a probe every
+    `limit` bytes for the next newline, on a memory map (no read of the file)."""
+    import mmap
+
+    size = path.stat().st_size
+    if size < limit:
+        return False
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for pos in range(0, size - limit + 1, limit):
+            if mm.find(b"\n", pos, pos + limit) == -1:
+                return True
+    return False
 
 
 def _load_jsonl(path: Path, source: str, streaming: bool):
     import datasets
 
+    kwargs = {"path": str(path), "source": source, "stamp": _stamp(path)}
     if streaming:
-        return _from_generator(jsonl_records, {"path": str(path), "source": source, "stamp": _stamp(path)}, None, True)
+        return _from_generator(jsonl_records, kwargs, None, True)
+    if has_long_line(path):
+        # pyarrow's JSON reader needs ~10x a record's size for a record of many MB; read such files line by line
+        # (~3x), falling back to the JSON reader when the records' types differ from row to row.
+        try:
+            return _from_generator(jsonl_records, kwargs, None, False)
+        except DataError:
+            raise
+        except Exception:  # noqa: BLE001 - e.g. a column that is a string in one record and a list in another
+            pass
     try:
         return datasets.load_dataset("json", data_files=str(path), split="train")
     except Exception as e:  # noqa: BLE001 - Arrow refused the file: find the first bad line ourselves
@@ -442,11 +477,11 @@ def _json_error(source: str, lineno: int, colno: int, msg: str) -> DataError:
     )
 
 
-def json_list_records(path: str, source: str, stamp: str = "") -> Iterator[dict]:
+def json_list_records(path: str, source: str, stamp: str = "", chunk_bytes: int = _CHUNK) -> Iterator[dict]:
     """The records of a JSON file holding one list of objects, decoded one record at a time (memory: one record
     plus a read buffer), with errors naming the line and column."""
     decoder = json.JSONDecoder()
-    chunks = iter_text(path, source)
+    chunks = iter_text(path, source, chunk_bytes=chunk_bytes)
     buf, pos, eof = "", 0, False
     line0, col0 = 1, 0  # line of buf[0], and how many characters of that line came before buf[0]
 
@@ -506,7 +541,8 @@ def json_list_records(path: str, source: str, stamp: str = "") -> Iterator[dict]
                     obj, end = decoder.raw_decode(buf, pos)
                     break
                 except json.JSONDecodeError as e:
-                    truncated = e.pos >= len(buf) - 1 or e.msg.startswith("Unterminated string")
+                    # cut by the end of the buffer: within an escape or a literal, or in an open string
+                    truncated = e.pos >= len(buf) - 8 or e.msg.startswith("Unterminated string")
                     if not (truncated and more(grow=True)):
                         fail(e.msg, e.pos)
             index += 1

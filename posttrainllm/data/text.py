@@ -21,15 +21,13 @@ from .formats import where
 from .reading import PIECE_COLUMNS, json_type, safe_cut
 
 PIECE_CHARS = 1 << 16  # longest text handed to the tokenizer at once
-CALL_CHARS = 1 << 20  # text per tokenizer call
-BLOCK_BATCH_TOKENS = 1 << 22  # tokens per grouping batch
+CALL_CHARS = 1 << 18  # text per tokenizer call
+BLOCK_BATCH_TOKENS = 1 << 20  # tokens per grouping batch
 
 
-def split_text(text: str, limit: int = PIECE_CHARS) -> list[str]:
-    """Cut `text` into pieces of at most about `limit` characters at pre-tokenizer boundaries."""
-    if len(text) <= limit:
-        return [text]
-    pieces, start, n = [], 0, len(text)
+def iter_split(text: str, limit: int = PIECE_CHARS) -> Iterator[str]:
+    """Pieces of `text` of at most about `limit` characters, cut at pre-tokenizer boundaries, one at a time."""
+    start, n = 0, len(text)
     while n - start > limit:
         lo, hi = start + limit // 4, start + limit
         cut = safe_cut(text, lo, hi)
@@ -38,10 +36,14 @@ def split_text(text: str, limit: int = PIECE_CHARS) -> list[str]:
             while i > lo and (text[i - 1].isspace() or text[i + 1].isspace()):
                 i = text.rfind(" ", lo, i)
             cut = i if i > lo else hi
-        pieces.append(text[start:cut])
+        yield text[start:cut]
         start = cut
-    pieces.append(text[start:])
-    return pieces
+    yield text[start:] if start else text
+
+
+def split_text(text: str, limit: int = PIECE_CHARS) -> list[str]:
+    """Cut `text` into pieces of at most about `limit` characters at pre-tokenizer boundaries."""
+    return list(iter_split(text, limit))
 
 
 def special_affixes(tokenizer) -> tuple[list[int], list[int]]:
@@ -55,8 +57,9 @@ def special_affixes(tokenizer) -> tuple[list[int], list[int]]:
 
 
 class Tokenize:
-    """The batched map function: documents (or pieces of a .txt document) -> ``input_ids`` (int32), one row per
-    document with text; the eos token after each document that does not already end with it."""
+    """The batched map function: documents (or pieces of a document, see `SplitDocuments`) -> ``input_ids``
+    (int32), one row per document with text; the eos token after each document that does not already end with
+    it."""
 
     def __init__(self, tokenizer, source: str):
         self.tokenizer = tokenizer
@@ -64,24 +67,35 @@ class Tokenize:
         self.eos = getattr(tokenizer, "eos_token_id", None)
         self.prefix, self.suffix = special_affixes(tokenizer)
 
-    def encode(self, pieces: list[str]):
+    def encode(self, pieces):
         """Token ids of each piece (no special tokens), as int32 numpy arrays, in tokenizer calls of bounded size."""
+        out: list[Any] = []
+        for _, ids in self._encode_tagged((None, p) for p in pieces):
+            out.append(ids)
+        return out
+
+    def _encode_tagged(self, tagged):
+        """(tag, piece) pairs -> (tag, ids) in the same order; pieces are held only for one tokenizer call."""
         import numpy as np
 
-        out: list[Any] = []
-        start = 0
-        while start < len(pieces):
-            end, size = start, 0
-            while end < len(pieces) and (end == start or size + len(pieces[end]) <= CALL_CHARS):
-                size += len(pieces[end])
-                end += 1
-            ids = self.tokenizer(pieces[start:end], add_special_tokens=False, return_attention_mask=False,
+        buffer: list[tuple[Any, str]] = []
+        size = 0
+
+        def flush():
+            ids = self.tokenizer([p for _, p in buffer], add_special_tokens=False, return_attention_mask=False,
                                  verbose=False)["input_ids"]
             lengths = [len(x) for x in ids]
             flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
-            out.extend(np.split(flat, np.cumsum(lengths)[:-1]))
-            start = end
-        return out
+            return zip((t for t, _ in buffer), np.split(flat, np.cumsum(lengths)[:-1]))
+
+        for tag, piece in tagged:
+            buffer.append((tag, piece))
+            size += len(piece)
+            if size >= CALL_CHARS:
+                yield from flush()
+                buffer, size = [], 0
+        if buffer:
+            yield from flush()
 
     def __call__(self, batch, indices):
         import numpy as np
@@ -93,8 +107,7 @@ class Tokenize:
             ends = batch.column(PIECE_COLUMNS[1]).to_pylist() if PIECE_COLUMNS[1] in batch.column_names else None
         else:
             texts, starts, ends = batch["text"], batch.get(PIECE_COLUMNS[0]), batch.get(PIECE_COLUMNS[1])
-        docs: list[tuple[bool, bool, int, int]] = []  # (starts a document, ends it, first piece, end piece)
-        pieces: list[str] = []
+        docs: list[tuple[int, bool, bool]] = []  # (row, starts a document, ends it)
         for j, text in enumerate(texts):
             if text is None:
                 continue
@@ -102,28 +115,56 @@ class Tokenize:
                 raise DataError(f"{where(self.source, indices[j])}: 'text' must be a string, found {json_type(text)}")
             if starts is None and not text.strip():
                 continue
-            first = len(pieces)
-            pieces.extend(split_text(text))
-            docs.append((True if starts is None else starts[j], True if ends is None else ends[j], first, len(pieces)))
-        encoded = self.encode(pieces)
-        prefix = np.asarray(self.prefix, dtype=np.int32)
-        suffix = np.asarray(self.suffix, dtype=np.int32)
-        eos = None if self.eos is None else np.asarray([self.eos], dtype=np.int32)
+            docs.append((j, True if starts is None else starts[j], True if ends is None else ends[j]))
+        tagged = ((j, piece) for j, _, _ in docs for piece in iter_split(texts[j]))
+        encoded: dict[int, list] = {j: [] for j, _, _ in docs}
+        for j, ids in self._encode_tagged(tagged):
+            encoded[j].append(ids)
         parts, lengths = [], []
-        for doc_start, doc_end, a, b in docs:
-            row = ([prefix] if doc_start else []) + encoded[a:b] + ([suffix] if doc_end else [])
-            n = sum(len(x) for x in row)
-            if doc_end and eos is not None:
+        for j, doc_start, doc_end in docs:
+            row = encoded.pop(j)
+            if doc_start and self.prefix:
+                row.insert(0, np.asarray(self.prefix, dtype=np.int32))
+            if doc_end and self.suffix:
+                row.append(np.asarray(self.suffix, dtype=np.int32))
+            if doc_end and self.eos is not None:
                 last = next((x[-1] for x in reversed(row) if len(x)), None)
                 if last != self.eos:
-                    row.append(eos)
-                    n += 1
+                    row.append(np.asarray([self.eos], dtype=np.int32))
             parts.extend(row)
-            lengths.append(n)
+            lengths.append(sum(len(x) for x in row))
         offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         values = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+        del parts
+        if not isinstance(batch, pa.Table):  # a stream's Python batch: Python rows back
+            return {"input_ids": [v.tolist() for v in np.split(values, offsets[1:-1])] if lengths else []}
         return pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32()))})
+
+
+class SplitDocuments:
+    """The batched map function run before tokenizing when some document is longer than `limit` characters:
+    documents -> pieces of at most about `limit` characters cut at pre-tokenizer boundaries, with the .txt piece
+    columns saying where each document starts and ends (so that tokenization batches stay small)."""
+
+    def __init__(self, source: str, limit: int):
+        self.source = source
+        self.limit = limit
+
+    def __call__(self, batch, indices):
+        out: dict[str, list] = {"text": [], PIECE_COLUMNS[0]: [], PIECE_COLUMNS[1]: []}
+        for j, text in enumerate(batch["text"]):
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                raise DataError(f"{where(self.source, indices[j])}: 'text' must be a string, found {json_type(text)}")
+            if not text.strip():
+                continue
+            pieces = split_text(text, self.limit)
+            out["text"].extend(pieces)
+            out[PIECE_COLUMNS[0]].extend([True] + [False] * (len(pieces) - 1))
+            out[PIECE_COLUMNS[1]].extend([False] * (len(pieces) - 1) + [True])
+        return out
 
 
 class GroupBlocks:
@@ -189,13 +230,26 @@ def tokenize(ds, tokenizer, source: str, num_proc: int | None = None):
         return src.map(fn, batched=True, with_indices=True, batch_size=4 if pieces else 256,
                        remove_columns=cols, features=token_features())
     src = ds.select_columns(cols)
-    if not has_json_feature(datasets.Features({"text": ds.features["text"]})):
+    json_text = has_json_feature(datasets.Features({"text": ds.features["text"]}))
+    if not pieces and (json_text or _longest_text(src) > reading.TXT_PIECE_BYTES):
+        src = src.map(SplitDocuments(source, reading.TXT_PIECE_BYTES), batched=True, with_indices=True, batch_size=16,
+                      writer_batch_size=16, remove_columns=cols, features=reading.txt_features(),
+                      desc="Cutting long documents")
+        pieces, json_text = True, False
+    if not json_text:
         src = src.with_format("arrow")
     return src.map(
         fn, batched=True, with_indices=True, batch_size=4 if pieces else 256, writer_batch_size=64 if pieces else 1000,
         num_proc=num_proc if (num_proc or 1) > 1 else None, remove_columns=cols, features=token_features(),
         desc="Tokenizing",
     ).with_format(None)
+
+
+def _longest_text(ds) -> int:
+    import pyarrow.compute as pc
+
+    column = ds.data.column("text")
+    return max([pc.max(pc.utf8_length(c)).as_py() or 0 for c in column.chunks] or [0])
 
 
 def count_tokens(tokenized) -> int:
