@@ -74,6 +74,7 @@ class CompletionBudget:
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
         self.base, self.per_message, self.base_tokens, self.per_message_tokens = self._template_sizes()
+        self.unclear = 0  # rows the byte bound could not clear (for measurements)
 
     def _render(self, messages: list[dict], generation: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)

@@ -17,11 +17,13 @@ by reason with Arrow and removed by index.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from . import formats as F
+from .reading import release
 
 DROP = "_drop"
 FAST_BATCH = 10_000  # rows per vectorized pass when nothing is rewritten
@@ -80,8 +82,12 @@ class Converter:
         if isinstance(batch, pa.Table):
             fast = fast_batch(batch, self, indices)
             if fast is not None:
-                return pa.table({**fast.columns, DROP: fast.reasons})
+                out = pa.table({**fast.columns, DROP: fast.reasons})
+                if fast.changed:  # the output no longer points into the input's pages
+                    release(batch)
+                return out
             records = batch.to_pylist()
+            release(batch)
         else:
             keys = list(batch)
             records = [dict(zip(keys, values)) for values in zip(*(batch[k] for k in keys))]
@@ -139,7 +145,19 @@ _NOT_SPACE = r"[^\t\n\x{0b}\f\r\x{1c}-\x{1f}\x{85}\p{Z}]"
 
 
 def _column(table, name: str):
-    return table.column(name).combine_chunks() if name in table.column_names else None
+    if name not in table.column_names:
+        return None
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else column  # never combined: that would copy the strings
+
+
+def _single(arr):
+    """One Array from a possibly chunked one (copies only when there are several chunks)."""
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        return arr.chunk(0) if arr.num_chunks == 1 else pa.concat_arrays(arr.chunks)
+    return arr
 
 
 def _is_str(arr) -> bool:
@@ -216,7 +234,7 @@ def _empty_records(table):
 
     empty = np.ones(table.num_rows, dtype=bool)
     for name in table.column_names:
-        col = table.column(name).combine_chunks()
+        col = _column(table, name)
         blank = pc.is_null(col)
         if col.type == pa.string():
             blank = pc.or_(blank, pc.fill_null(_blank(col), True))
@@ -333,11 +351,8 @@ def _fast_conversation(table, conv, indices, column: str, role_key: str, content
     content = pc.fill_null(content, "")
     parents = np.repeat(np.arange(n), lengths)
     is_asst = pc.equal(mapped, "assistant").to_numpy(zero_copy_only=False)
-    # content with a non-space character, looked at only for assistant messages
-    has = is_asst.copy()
-    if is_asst.any():
-        asst = np.flatnonzero(is_asst)
-        has[asst] = pc.match_substring_regex(pc.take(content, pa.array(asst)), _NOT_SPACE).to_numpy(zero_copy_only=False)
+    # assistant messages whose content has a non-space character (the regex stops at the first one)
+    has = is_asst & pc.match_substring_regex(content, _NOT_SPACE).to_numpy(zero_copy_only=False)
     row_has = np.bincount(parents[has], minlength=n) > 0
     reasons = np.where(row_has, None, F.NO_ASSISTANT).astype(object)
     if conv.budget is not None and row_has.any():
@@ -345,7 +360,7 @@ def _fast_conversation(table, conv, indices, column: str, role_key: str, content
     if changed:
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        values = pa.StructArray.from_arrays([mapped, content], names=["role", "content"])
+        values = pa.StructArray.from_arrays([_single(mapped), _single(content)], names=["role", "content"])
         col = pa.ListArray.from_arrays(pa.array(offsets), values)
     return FastBatch({"messages": col}, pa.array(reasons, type=pa.string()), changed=changed)
 
@@ -362,13 +377,17 @@ def _budget_reasons(conv, indices, reasons, row_has, has, parents, lengths, role
     np.cumsum(lengths[:-1], out=starts[1:])
     pos = np.arange(len(parents)) - starts[parents]
     first = np.full(n, np.iinfo(np.int64).max)
-    np.minimum.at(first, parents[has], pos[has])
+    with_content = np.flatnonzero(has)  # sorted by row, then position: the first of each row is where the row changes
+    rows = parents[with_content]
+    leading = np.r_[True, rows[1:] != rows[:-1]] if len(rows) else np.zeros(0, dtype=bool)
+    first[rows[leading]] = pos[with_content[leading]]
     in_prompt = pos < first[parents]
     nbytes = pc.binary_length(contents).to_numpy(zero_copy_only=False)
     prompt_bytes = np.bincount(parents[in_prompt], weights=nbytes[in_prompt], minlength=n)
     prompt_msgs = np.bincount(parents[in_prompt], minlength=n)
     upper = prompt_bytes + budget.base + np.maximum(prompt_msgs - 1, 0) * budget.per_message + budget.SLACK
     unclear = np.flatnonzero(row_has & (upper >= budget.max_length))
+    budget.unclear += len(unclear)
     if not len(unclear):
         return
     prompts = []
@@ -392,14 +411,56 @@ def _identity(ds, conv: Converter):
 
     if conv.fmt not in ("messages", "prompt_completion", "text") or has_json_feature(ds.features):
         return None
-    reasons, offset = [], 0
-    for table in ds.with_format("arrow").iter(batch_size=FAST_BATCH):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def check(job):
+        offset, table = job
         fast = fast_batch(table, conv, range(offset, offset + table.num_rows))
-        if fast is None or fast.changed:
-            return None
-        reasons.append(fast.reasons)
-        offset += table.num_rows
+        release(table)
+        return None if fast is None or fast.changed else fast.reasons
+
+    def jobs():
+        offset = 0
+        for table in _batches(ds):
+            yield offset, table
+            offset += table.num_rows
+
+    reasons: list = []
+    # pyarrow's kernels and madvise release the GIL: two batches at a time use two cores (a few submitted ahead)
+    workers = min(2, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: list = []
+        for job in jobs():
+            pending.append(pool.submit(check, job))
+            if len(pending) > 2 * workers:
+                result = pending.pop(0).result()
+                if result is None:
+                    return None
+                reasons.append(result)
+        for future in pending:
+            result = future.result()
+            if result is None:
+                return None
+            reasons.append(result)
     return ds.select_columns(list(conv.columns)), pa.chunked_array(reasons, type=pa.string())
+
+
+def _batches(ds):
+    """The dataset's Arrow data in tables of about FAST_BATCH rows, made of its record batches (no copy)."""
+    import pyarrow as pa
+
+    if getattr(ds, "_indices", None) is not None:  # an index mapping: let datasets gather the rows
+        yield from ds.with_format("arrow").iter(batch_size=FAST_BATCH)
+        return
+    group, rows = [], 0
+    for batch in ds.data.table.to_batches(max_chunksize=FAST_BATCH):  # record batches, grouped, never copied
+        group.append(batch)
+        rows += batch.num_rows
+        if rows >= FAST_BATCH:
+            yield pa.Table.from_batches(group)
+            group, rows = [], 0
+    if group:
+        yield pa.Table.from_batches(group)
 
 
 def convert_dataset(ds, fmt: str, source: str, *, conversational: bool, budget=None, num_proc: int | None = None):

@@ -47,6 +47,7 @@ SINGLE_OBJECT_LIMIT = 256 << 20
 # Above this size (or for Hub ids and streams) datasets' progress bars are shown.
 PROGRESS_BYTES = 32 << 20
 HEAD_ROWS = 100  # rows looked at to detect a format
+GENERATOR_WRITER_BATCH = 8  # rows buffered before datasets writes them, for rows that can each be MBs
 # JSON Lines files with a line this long are read line by line (pyarrow's reader would need ~10x the line).
 LONG_LINE = 4 << 20
 
@@ -149,6 +150,60 @@ def progress_bars(*sources: str | None, streaming: bool = False):
         (datasets.enable_progress_bars if was else datasets.disable_progress_bars)()
 
 
+def release(table) -> None:
+    """Tell the kernel that the pages behind a memory-mapped Arrow table (or batch) that has been read can go.
+
+    datasets memory-maps its Arrow files; every page a pass reads stays resident in the process (RSS grows with the
+    dataset, although the kernel could drop those clean file pages at any time). After a batch is processed its
+    buffers are given back with madvise(MADV_PAGEOUT): clean file pages are dropped (read again from the page
+    cache if needed), anonymous memory is left alone (it is only ever swapped, never lost). Linux >= 5.4; a no-op
+    elsewhere or on any error.
+    """
+    advise = _madvise()
+    if advise is None or table is None:
+        return
+    try:
+        columns = table.columns if hasattr(table, "columns") else [table]
+        for column in columns:
+            for chunk in getattr(column, "chunks", [column]):
+                _release_array(chunk, advise)
+    except Exception:  # noqa: BLE001 - only a hint
+        pass
+
+
+def _release_array(array, advise) -> None:
+    import mmap
+
+    page = mmap.PAGESIZE
+    for buf in array.buffers():
+        if buf is None or buf.size < 4 * page:
+            continue
+        start = (buf.address + page - 1) // page * page
+        end = (buf.address + buf.size) // page * page
+        if end > start:
+            advise(start, end - start, 21)  # MADV_PAGEOUT
+
+
+_MADVISE: list = []
+
+
+def _madvise():
+    if not _MADVISE:
+        fn = None
+        if os.name == "posix" and os.uname().sysname == "Linux":
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = libc.madvise
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _MADVISE.append(fn)
+    return _MADVISE[0]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------------------------
@@ -178,8 +233,10 @@ def load(source: str, *, split: str = "train", streaming: bool = False):
                 f"dataset not found: {source} (no such file; pass an existing .json/.jsonl/.csv/.parquet/.txt "
                 "file, a folder, or a Hugging Face Hub id like owner/name)"
             )
-    if not streaming and ds.num_rows == 0:
-        raise DataError(f"dataset {source} is empty: it holds no records")
+    if not streaming:
+        if ds.num_rows == 0:
+            raise DataError(f"dataset {source} is empty: it holds no records")
+        release(ds.data)  # loading read (some of) it: nothing of it needs to stay resident
     return ds
 
 
@@ -352,9 +409,13 @@ def _stamp(path: Path) -> str:
 def _from_generator(generator, gen_kwargs: dict, features, streaming: bool):
     import datasets
 
-    cls = datasets.IterableDataset if streaming else datasets.Dataset
     try:
-        return cls.from_generator(generator, features=features, gen_kwargs=gen_kwargs)
+        if streaming:
+            return datasets.IterableDataset.from_generator(generator, features=features, gen_kwargs=gen_kwargs)
+        # rows can be MBs each (.txt pieces, long JSON lines): write them a few at a time (datasets' default buffers
+        # 1000 rows before writing)
+        return datasets.Dataset.from_generator(generator, features=features, gen_kwargs=gen_kwargs,
+                                               writer_batch_size=GENERATOR_WRITER_BATCH)
     except Exception as e:  # datasets wraps the generator's DataError in a DatasetGenerationError
         inner = _unwrap(e)
         if inner is not None:

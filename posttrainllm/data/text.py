@@ -114,6 +114,7 @@ class Tokenize:
             texts = batch.column("text").to_pylist()
             starts = batch.column(PIECE_COLUMNS[0]).to_pylist() if PIECE_COLUMNS[0] in batch.column_names else None
             ends = batch.column(PIECE_COLUMNS[1]).to_pylist() if PIECE_COLUMNS[1] in batch.column_names else None
+            reading.release(batch)
         else:
             texts, starts, ends = batch["text"], batch.get(PIECE_COLUMNS[0]), batch.get(PIECE_COLUMNS[1])
         docs: list[tuple[int, bool, bool]] = []  # (row, starts a document, ends it)
@@ -194,6 +195,7 @@ class GroupBlocks:
         for chunk in table.column("input_ids").chunks:
             chunks.append(pa.compute.list_flatten(chunk).to_numpy(zero_copy_only=False).astype(np.int32, copy=False))
         ids = np.concatenate(chunks)
+        reading.release(table)
         n = len(ids) // self.max_length
         self.carry = ids[n * self.max_length :].copy()
         return _blocks_table(ids[: n * self.max_length], self.max_length)
@@ -257,8 +259,11 @@ def tokenize(ds, tokenizer, source: str, num_proc: int | None = None):
 def _longest_text(ds) -> int:
     import pyarrow.compute as pc
 
-    column = ds.data.column("text")
-    return max([pc.max(pc.utf8_length(c)).as_py() or 0 for c in column.chunks] or [0])
+    longest = 0
+    for chunk in ds.data.column("text").chunks:
+        longest = max(longest, pc.max(pc.utf8_length(chunk)).as_py() or 0)
+        reading.release(chunk)
+    return longest
 
 
 def count_tokens(tokenized) -> int:
