@@ -101,6 +101,9 @@ class CompletionBudget:
                 sizes[k] = max(sizes[k], v)
         return sizes[0], sizes[1], sizes[2], sizes[3]
 
+    def template_tokens(self, n_messages: int) -> int:
+        return self.base_tokens + max(0, n_messages - 1) * self.per_message_tokens
+
     def upper_bound(self, content_bytes: int, n_messages: int) -> int:
         """Most tokens a prompt part with these content bytes and messages can have (step 1)."""
         return content_bytes + self.base + max(0, n_messages - 1) * self.per_message + self.SLACK
@@ -142,7 +145,7 @@ class CompletionBudget:
             n = len(prompt)
             if tokens[i] - self.MARGIN * n >= L:
                 out[i] = True
-            elif tokens[i] + self.base_tokens + max(0, n - 1) * self.per_message_tokens + self.MARGIN * n + self.SLACK < L:
+            elif tokens[i] + self.template_tokens(n) + self.MARGIN * n + self.SLACK < L:
                 out[i] = False
             else:
                 out[i] = self.prompt_tokens(prompt, wheres[i]) >= L

@@ -393,7 +393,8 @@ def _budget_reasons(conv, indices, reasons, row_has, has, parents, lengths, role
     prompts = []
     for i in unclear:
         s = int(starts[i])
-        prompts.append([{"role": roles[s + k].as_py(), "content": contents[s + k].as_py()} for k in range(int(first[i]))])
+        prompts.append([{"role": roles[s + k].as_py(), "content": contents[s + k].as_py()}
+                        for k in range(int(first[i]))])
     wheres = [F.where(conv.source, indices[i]) for i in unclear]
     for i, full in zip(unclear, budget.decide(prompts, [int(prompt_bytes[i]) for i in unclear], wheres)):
         if full:
