@@ -11,9 +11,10 @@ Every measurement is a fresh subprocess (its own imports, its own empty datasets
 `ru_maxrss` (os.wait4), preparation time is measured inside the child from the first data access to the prepared
 dataset (imports and the tokenizer load excluded). Contenders, run in rotated order:
 
-* SFT (Alpaca): `posttrainllm.data.prepare_sft(file, tokenizer, max_length=512)` (what `sft` runs) vs
+* SFT (Alpaca, 3 repetitions in rotated order, medians of the ratios):
+  `posttrainllm.data.prepare_sft(file, tokenizer, max_length=512)` (what `sft` runs) vs
   `load_dataset("json")` + a batched `map` to prompt/completion with the same template (the native path).
-* SFT (messages): `prepare_sft` vs `load_dataset("json")` alone (TRL takes messages as they are).
+* SFT (messages, 3 repetitions): `prepare_sft` vs `load_dataset("json")` alone (TRL takes messages as they are).
 * finetune (text): `prepare_text(file, tokenizer, max_length=512)` vs transformers' run_clm recipe
   (`load_dataset("text", keep_linebreaks=True)`, `map(tokenizer, batched=True)`, `map(group_texts, batched=True)`);
   tokenization throughput = tokens / seconds of the tokenizing map in each; `--streaming`: the same file read as a
@@ -370,20 +371,39 @@ def fresh(out: Path, name: str) -> Path:
     return d
 
 
-def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: str, flip: bool) -> dict:
-    """posttrainllm vs native on one file, each with an empty cache, in the given order; plus a second
-    posttrainllm run on its (now warm) cache."""
-    res = {}
+def _warm(path: str) -> None:
+    """Read the input once so that it is in the page cache for every contender."""
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
+def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: str, reps: int) -> dict:
+    """posttrainllm vs native on one file, each with an empty cache, `reps` times in rotated order (medians of the
+    per-repetition ratios); then a second posttrainllm run on its warm cache."""
+    import statistics
+
+    _warm(path)
+    runs: dict[str, list] = {"native": [], "posttrainllm": []}
     order = [("native", native_mode), ("posttrainllm", pt_mode)]
-    for name, mode in (reversed(order) if flip else order):
-        cache = fresh(out, f"{tag}-{name}")
-        log(f"  {tag}: {name} ...")
-        res[name] = measure(child_cmd(mode, path, tok), cache)
-        if name == "posttrainllm":
-            res["posttrainllm_second_run"] = measure(child_cmd(mode, path, tok), cache)
-        shutil.rmtree(cache, ignore_errors=True)
-    res["rss_ratio"] = res["posttrainllm"]["peak_rss"] / res["native"]["peak_rss"]
-    res["time_ratio"] = res["posttrainllm"]["prep_s"] / res["native"]["prep_s"]
+    for rep in range(reps):
+        for name, mode in (order if rep % 2 == 0 else list(reversed(order))):
+            cache = fresh(out, f"{tag}-{name}")
+            log(f"  {tag}: {name} (repetition {rep + 1}/{reps}) ...")
+            runs[name].append(measure(child_cmd(mode, path, tok), cache))
+            if name == "posttrainllm" and rep == reps - 1:
+                runs["second"] = [measure(child_cmd(mode, path, tok), cache)]
+            shutil.rmtree(cache, ignore_errors=True)
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    res: dict = {"reps": reps, "runs": runs}
+    for name in ("native", "posttrainllm"):
+        rs = runs[name]
+        res[name] = {**rs[0], "prep_s": med([r["prep_s"] for r in rs]), "peak_rss": med([r["peak_rss"] for r in rs]),
+                     "prep_s_all": [round(r["prep_s"], 2) for r in rs], "peak_rss_all": [r["peak_rss"] for r in rs]}
+    res["posttrainllm_second_run"] = runs["second"][0]
+    res["rss_ratio"] = med([a["peak_rss"] / b["peak_rss"] for a, b in zip(runs["posttrainllm"], runs["native"])])
+    res["time_ratio"] = med([a["prep_s"] / b["prep_s"] for a, b in zip(runs["posttrainllm"], runs["native"])])
+    res["time_ratio_all"] = [round(a["prep_s"] / b["prep_s"], 3) for a, b in zip(runs["posttrainllm"], runs["native"])]
     res["cache_speedup"] = res["posttrainllm"]["prep_s"] / res["posttrainllm_second_run"]["prep_s"]
     if "tokens" in res["native"]:
         rate = {k: res[k]["tokens"] / res[k]["tokenize_s"] for k in ("native", "posttrainllm")}
@@ -438,9 +458,9 @@ def main() -> None:
     result: dict = {"machine": info, "argv": sys.argv[1:], "inputs": {k: {"path": v, "bytes": os.path.getsize(v)} for k, v in big.items()}}
 
     log(f"largest inputs: {', '.join(f'{k} {os.path.getsize(v) / 1e6:.0f} MB' for k, v in big.items())}")
-    result["sft"] = pair(out, "sft", big["alpaca"], tok, "pt_sft", "native_sft", flip=False)
-    result["messages"] = pair(out, "messages", big["messages"], tok, "pt_sft", "native_messages", flip=True)
-    result["text"] = pair(out, "text", big["text"], tok, "pt_text", "native_text", flip=False)
+    result["sft"] = pair(out, "sft", big["alpaca"], tok, "pt_sft", "native_sft", reps=a.reps or 3)
+    result["messages"] = pair(out, "messages", big["messages"], tok, "pt_sft", "native_messages", reps=a.reps or 3)
+    result["text"] = pair(out, "text", big["text"], tok, "pt_text", "native_text", reps=1)
     cache = fresh(out, "text-stream")
     log("  text: posttrainllm --streaming ...")
     result["text"]["posttrainllm_streaming"] = measure(child_cmd("pt_text_stream", big["text"], tok), cache)
@@ -496,7 +516,7 @@ def summary(r: dict) -> str:
         lines.append(f"  peak RSS   posttrainllm {gb(x['posttrainllm']['peak_rss'])} | native {gb(x['native']['peak_rss'])}"
                      f" | ratio {x['rss_ratio']:.2f}")
         lines.append(f"  prep time  posttrainllm {x['posttrainllm']['prep_s']:.1f} s | native {x['native']['prep_s']:.1f} s"
-                     f" | ratio {x['time_ratio']:.2f}")
+                     f" | ratio {x['time_ratio']:.2f} (median of {x['reps']}: {x['time_ratio_all']})")
         lines.append(f"  second run (cache) {x['posttrainllm_second_run']['prep_s']:.1f} s: {x['cache_speedup']:.1f}x faster")
         if "tokens_per_s" in x:
             t = x["tokens_per_s"]

@@ -233,3 +233,32 @@ def test_a_long_jsonl_record_is_read_within_a_few_times_its_size(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["blocks"] > 100_000
     assert result["ratio"] < 8, result
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/status are Linux's")
+def test_release_unmaps_read_pages_and_never_touches_other_memory(tmp_path):
+    """Memory follows the batch: pages of a memory-mapped dataset that were read are given back (they stay in the
+    page cache); heap memory is never advised (MADV_DONTNEED would zero it)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from posttrainllm.data import reading
+
+    def rss_file() -> int:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) * 1024
+
+    heap = pa.array(np.arange(1 << 21, dtype=np.int64))  # 16 MiB on the heap
+    reading.release(heap)
+    assert pc.sum(heap).as_py() == (1 << 21) * ((1 << 21) - 1) // 2
+    rows = [{"text": f"row {i} " + "x" * 2000} for i in range(12000)]  # ~24 MB of text
+    ds = reading.load(str(write_jsonl(tmp_path / "t.jsonl", rows)))
+    column = ds.data.column("text")
+    total = pc.sum(pc.utf8_length(column)).as_py()  # reads every page
+    before = rss_file()
+    reading.release(ds.data)
+    after = rss_file()
+    assert before - after > 16 << 20, (before, after)
+    assert pc.sum(pc.utf8_length(column)).as_py() == total and ds[11999]["text"] == rows[11999]["text"]

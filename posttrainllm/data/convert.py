@@ -75,19 +75,23 @@ class Converter:
         self.conversational = conversational
         self.budget = budget
         self.columns = F.TARGET_COLUMNS[fmt]
+        self._previous = None  # the last Arrow batch seen, released at the next call
+
+    def __getstate__(self):  # pickled (num_proc, datasets' fingerprint) without the batch
+        return {**self.__dict__, "_previous": None}
 
     def __call__(self, batch, indices):
         import pyarrow as pa
 
         if isinstance(batch, pa.Table):
+            # The rows returned may point into this batch's memory-mapped pages (an unchanged column): datasets
+            # writes them before it asks for the next batch, so the previous batch's pages can go now.
+            release(self._previous)
+            self._previous = batch
             fast = fast_batch(batch, self, indices)
             if fast is not None:
-                out = pa.table({**fast.columns, DROP: fast.reasons})
-                if fast.changed:  # the output no longer points into the input's pages
-                    release(batch)
-                return out
+                return pa.table({**fast.columns, DROP: fast.reasons})
             records = batch.to_pylist()
-            release(batch)
         else:
             keys = list(batch)
             records = [dict(zip(keys, values)) for values in zip(*(batch[k] for k in keys))]

@@ -151,46 +151,36 @@ def progress_bars(*sources: str | None, streaming: bool = False):
 
 
 def release(table) -> None:
-    """Tell the kernel that the pages behind a memory-mapped Arrow table (or batch) that has been read can go.
+    """Drop the pages of a memory-mapped Arrow table (or batch) that has been read from this process's memory.
 
-    datasets memory-maps its Arrow files; every page a pass reads stays resident in the process (RSS grows with the
-    dataset, although the kernel could drop those clean file pages at any time). After a batch is processed its
-    buffers are given back with madvise(MADV_PAGEOUT): clean file pages are dropped (read again from the page
-    cache if needed), anonymous memory is left alone (it is only ever swapped, never lost). Linux >= 5.4; a no-op
-    elsewhere or on any error.
+    datasets memory-maps its Arrow files; every page a pass reads stays mapped into the process, so its RSS grows
+    with the dataset although those are clean page-cache pages. After a batch is processed, madvise(MADV_DONTNEED)
+    unmaps the pages of its buffers that lie in a read-only file mapping: they stay in the page cache (a later
+    read maps them again, from memory) and nothing else is touched (heap memory is never advised). Linux only; a
+    no-op elsewhere or on any error.
     """
     advise = _madvise()
     if advise is None or table is None:
         return
     try:
         columns = table.columns if hasattr(table, "columns") else [table]
+        ranges = []
         for column in columns:
             for chunk in getattr(column, "chunks", [column]):
-                _release_array(chunk, advise)
+                ranges += [(b.address, b.address + b.size) for b in chunk.buffers() if b is not None and b.size]
+        _advise_file_pages(ranges, advise)
     except Exception:  # noqa: BLE001 - only a hint
         pass
 
 
-def _release_array(array, advise) -> None:
-    import mmap
-
-    page = mmap.PAGESIZE
-    for buf in array.buffers():
-        if buf is None or buf.size < 4 * page:
-            continue
-        start = (buf.address + page - 1) // page * page
-        end = (buf.address + buf.size) // page * page
-        if end > start:
-            advise(start, end - start, 21)  # MADV_PAGEOUT
-
-
+_MAPS: list = []  # sorted (start, end) of the read-only file mappings seen in /proc/self/maps
 _MADVISE: list = []
 
 
 def _madvise():
     if not _MADVISE:
         fn = None
-        if os.name == "posix" and os.uname().sysname == "Linux":
+        if os.name == "posix" and os.uname().sysname == "Linux" and os.path.exists("/proc/self/maps"):
             try:
                 import ctypes
 
@@ -202,6 +192,43 @@ def _madvise():
                 fn = None
         _MADVISE.append(fn)
     return _MADVISE[0]
+
+
+def _read_only_file_maps() -> list:
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[1].startswith("r-") and parts[5].startswith("/"):
+                start, end = parts[0].split("-")
+                out.append((int(start, 16), int(end, 16)))
+    return sorted(out)
+
+
+def _advise_file_pages(ranges, advise) -> None:
+    import bisect
+    import mmap
+
+    page = mmap.PAGESIZE
+    refreshed = False
+    for lo, hi in ranges:
+        if hi - lo < 4 * page:
+            continue
+        for attempt in range(2):
+            i = bisect.bisect_right(_MAPS, (lo, float("inf"))) - 1
+            if i >= 0 and _MAPS[i][0] <= lo and hi <= _MAPS[i][1]:
+                break
+            if refreshed or attempt:
+                i = -1
+                break
+            _MAPS[:] = _read_only_file_maps()
+            refreshed = True
+        if i < 0:
+            continue  # not (wholly) in a read-only file mapping: leave it alone
+        start = (lo + page - 1) // page * page
+        end = hi // page * page
+        if end > start:
+            advise(start, end - start, 4)  # MADV_DONTNEED
 
 
 # ----------------------------------------------------------------------------------------------------------------
