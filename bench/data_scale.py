@@ -225,8 +225,8 @@ def _child(mode: str, path: str, tokenizer_dir: str) -> dict:
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out: dict = {}
     t0 = time.perf_counter()
-    if mode == "pt_sft":
-        prep = D.prepare_sft(path, tok, max_length=MAX_LENGTH)
+    if mode in ("pt_sft", "pt_sft_no_length_check"):
+        prep = D.prepare_sft(path, tok, max_length=MAX_LENGTH if mode == "pt_sft" else None)
         out["rows"] = prep.n_train
     elif mode == "native_sft":
         ds = datasets.load_dataset("json", data_files=path, split="train")
@@ -378,16 +378,19 @@ def _warm(path: str) -> None:
             pass
 
 
-def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: str, reps: int) -> dict:
+def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: str, reps: int,
+         extra: dict[str, str] | None = None) -> dict:
     """posttrainllm vs native on one file, each with an empty cache, `reps` times in rotated order (medians of the
-    per-repetition ratios); then a second posttrainllm run on its warm cache."""
+    per-repetition ratios); then a second posttrainllm run on its warm cache. `extra`: more contenders (name: mode),
+    compared with native the same way."""
     import statistics
 
     _warm(path)
-    runs: dict[str, list] = {"native": [], "posttrainllm": []}
-    order = [("native", native_mode), ("posttrainllm", pt_mode)]
+    order = [("native", native_mode), ("posttrainllm", pt_mode), *(extra or {}).items()]
+    runs: dict[str, list] = {name: [] for name, _ in order}
     for rep in range(reps):
-        for name, mode in (order if rep % 2 == 0 else list(reversed(order))):
+        k = rep % len(order)
+        for name, mode in order[k:] + order[:k]:
             cache = fresh(out, f"{tag}-{name}")
             log(f"  {tag}: {name} (repetition {rep + 1}/{reps}) ...")
             runs[name].append(measure(child_cmd(mode, path, tok), cache))
@@ -405,6 +408,11 @@ def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: st
     res["time_ratio"] = med([a["prep_s"] / b["prep_s"] for a, b in zip(runs["posttrainllm"], runs["native"])])
     res["time_ratio_all"] = [round(a["prep_s"] / b["prep_s"], 3) for a, b in zip(runs["posttrainllm"], runs["native"])]
     res["cache_speedup"] = res["posttrainllm"]["prep_s"] / res["posttrainllm_second_run"]["prep_s"]
+    for name in extra or {}:
+        rs = runs[name]
+        res[name] = {"prep_s": med([r["prep_s"] for r in rs]), "peak_rss": med([r["peak_rss"] for r in rs]),
+                     "time_ratio": med([a["prep_s"] / b["prep_s"] for a, b in zip(rs, runs["native"])]),
+                     "time_ratio_all": [round(a["prep_s"] / b["prep_s"], 3) for a, b in zip(rs, runs["native"])]}
     if "tokens" in res["native"]:
         rate = {k: res[k]["tokens"] / res[k]["tokenize_s"] for k in ("native", "posttrainllm")}
         res["tokens_per_s"] = rate
@@ -431,6 +439,8 @@ def main() -> None:
     p.add_argument("--text-file", help="measure this text file instead of the generated 1 GB one")
     p.add_argument("--skip-curve", action="store_true", help="only the largest inputs")
     p.add_argument("--divide", type=int, default=1, help="divide every size by N (a smoke run of the benchmark)")
+    p.add_argument("--only", default="sft,messages,text,cli,curve,records",
+                   help="comma-separated parts to run (default: all): sft, messages, text, cli, curve, records")
     p.add_argument("--child", nargs="+", help=argparse_hidden())
     a = p.parse_args()
     if a.child:
@@ -458,38 +468,44 @@ def main() -> None:
     result: dict = {"machine": info, "argv": sys.argv[1:], "inputs": {k: {"path": v, "bytes": os.path.getsize(v)} for k, v in big.items()}}
 
     log(f"largest inputs: {', '.join(f'{k} {os.path.getsize(v) / 1e6:.0f} MB' for k, v in big.items())}")
-    result["sft"] = pair(out, "sft", big["alpaca"], tok, "pt_sft", "native_sft", reps=a.reps or 3)
-    result["messages"] = pair(out, "messages", big["messages"], tok, "pt_sft", "native_messages", reps=a.reps or 3)
-    result["text"] = pair(out, "text", big["text"], tok, "pt_text", "native_text", reps=1)
-    cache = fresh(out, "text-stream")
-    log("  text: posttrainllm --streaming ...")
-    result["text"]["posttrainllm_streaming"] = measure(child_cmd("pt_text_stream", big["text"], tok), cache)
-    shutil.rmtree(cache, ignore_errors=True)
-    result["cli"] = {
-        "sft": cli_dry_run(out, "sft", big["alpaca"], inputs["model"]),
-        "sft_messages": cli_dry_run(out, "sft", big["messages"], inputs["model"]),
-        # the whole-process figure on the 100 MB text (a third 1 GB tokenization would add ~10 min here)
-        "finetune": cli_dry_run(out, "finetune", a.text_file or inputs["text"][text_sizes[1]], inputs["model"]),
-    }
-    if not a.skip_curve:
+    parts = set(a.only.split(","))
+    if "sft" in parts:
+        result["sft"] = pair(out, "sft", big["alpaca"], tok, "pt_sft", "native_sft", reps=a.reps or 3)
+    if "messages" in parts:
+        result["messages"] = pair(out, "messages", big["messages"], tok, "pt_sft", "native_messages", reps=a.reps or 3,
+                                  extra={"posttrainllm_no_length_check": "pt_sft_no_length_check"})
+    if "text" in parts:
+        result["text"] = pair(out, "text", big["text"], tok, "pt_text", "native_text", reps=1)
+        cache = fresh(out, "text-stream")
+        log("  text: posttrainllm --streaming ...")
+        result["text"]["posttrainllm_streaming"] = measure(child_cmd("pt_text_stream", big["text"], tok), cache)
+        shutil.rmtree(cache, ignore_errors=True)
+    if "cli" in parts:
+        result["cli"] = {
+            "sft": cli_dry_run(out, "sft", big["alpaca"], inputs["model"]),
+            "sft_messages": cli_dry_run(out, "sft", big["messages"], inputs["model"]),
+            # the whole-process figure on the 100 MB text (a third 1 GB tokenization would add ~10 min here)
+            "finetune": cli_dry_run(out, "finetune", a.text_file or inputs["text"][text_sizes[1]], inputs["model"]),
+        }
+    if "curve" in parts and not a.skip_curve:
         curve: dict = {"alpaca": {}, "text": {}}
         for n in sizes[:-1] if not a.sft_file else sizes:
             cache = fresh(out, f"curve-{n}")
             log(f"  curve: alpaca {n} rows ...")
             curve["alpaca"][n] = measure(child_cmd("pt_sft", inputs["alpaca"][n], tok), cache)
             shutil.rmtree(cache, ignore_errors=True)
-        if not a.sft_file:
+        if not a.sft_file and "sft" in result:
             curve["alpaca"][sizes[-1]] = result["sft"]["posttrainllm"]
         for n in text_sizes[:-1] if not a.text_file else text_sizes:
             cache = fresh(out, f"curve-text-{n}")
             log(f"  curve: text {int(n) / 1e6:.0f} MB ...")
             curve["text"][n] = measure(child_cmd("pt_text_prepare", inputs["text"][n], tok), cache)
             shutil.rmtree(cache, ignore_errors=True)
-        if not a.text_file:
+        if not a.text_file and "text" in result:
             curve["text"][text_sizes[-1]] = result["text"]["posttrainllm"]
         result["curve"] = curve
     records = {}
-    for kind, path in inputs["records"].items():
+    for kind, path in inputs["records"].items() if "records" in parts else ():
         cache = fresh(out, f"record-{kind}")
         log(f"  record: {kind} ...")
         small = path.replace(".jsonl", "_small.jsonl")
@@ -498,7 +514,8 @@ def main() -> None:
     result["records"] = records
     result["seconds"] = round(time.time() - t_start)
     emit(result, a.json, summary(result))
-    (out / f"results-{'quick' if a.quick else 'full'}.json").write_text(json.dumps(result, indent=1, default=str))
+    name = f"results-{'quick' if a.quick else 'full'}{'' if len(parts) == 6 else '-' + '-'.join(sorted(parts))}.json"
+    (out / name).write_text(json.dumps(result, indent=1, default=str))
 
 
 def argparse_hidden():
@@ -510,6 +527,8 @@ def argparse_hidden():
 def summary(r: dict) -> str:
     lines = [f"machine: {r['machine']}", ""]
     for key, title in (("sft", "SFT, Alpaca JSONL"), ("messages", "SFT, messages JSONL"), ("text", "finetune, text")):
+        if key not in r:
+            continue
         x = r[key]
         size = r["inputs"]["alpaca" if key == "sft" else key]["bytes"]
         lines.append(f"{title} ({size / 1e6:.0f} MB, {x['posttrainllm']['rows']} rows/blocks):")
@@ -517,6 +536,10 @@ def summary(r: dict) -> str:
                      f" | ratio {x['rss_ratio']:.2f}")
         lines.append(f"  prep time  posttrainllm {x['posttrainllm']['prep_s']:.1f} s | native {x['native']['prep_s']:.1f} s"
                      f" | ratio {x['time_ratio']:.2f} (median of {x['reps']}: {x['time_ratio_all']})")
+        if "posttrainllm_no_length_check" in x:
+            y = x["posttrainllm_no_length_check"]
+            lines.append(f"  without the --max-length check: {y['prep_s']:.1f} s, ratio {y['time_ratio']:.2f} "
+                         f"({y['time_ratio_all']})")
         lines.append(f"  second run (cache) {x['posttrainllm_second_run']['prep_s']:.1f} s: {x['cache_speedup']:.1f}x faster")
         if "tokens_per_s" in x:
             t = x["tokens_per_s"]
@@ -524,14 +547,17 @@ def summary(r: dict) -> str:
                          f" M tok/s | ratio {x['tokenize_throughput_ratio']:.2f}")
             s = x["posttrainllm_streaming"]
             lines.append(f"  --streaming (all {s['rows']} blocks read): peak RSS {gb(s['peak_rss'])}, {s['prep_s']:.1f} s")
-    lines.append("command line --dry-run, whole process: " + ", ".join(
-        f"{k} {gb(v['peak_rss'])} ({v['wall_s']:.0f} s)" for k, v in r["cli"].items()))
+    if "cli" in r:
+        lines.append("command line --dry-run, whole process: " + ", ".join(
+            f"{k} {gb(v['peak_rss'])} ({v['wall_s']:.0f} s)" for k, v in r["cli"].items()))
     if "curve" in r:
         for kind, pts in r["curve"].items():
             lines.append(f"cost curve ({kind}): " + ", ".join(
                 f"{k}: {v['prep_s']:.1f} s {gb(v['peak_rss'])}" for k, v in pts.items()))
-    lines.append("single records: " + ", ".join(
-        f"{k} {v['size'] / 2**20:.0f} MiB -> +{v['extra_bytes'] / 2**20:.0f} MiB ({v['ratio']:.1f}x)" for k, v in r["records"].items()))
+    if r["records"]:
+        lines.append("single records: " + ", ".join(
+            f"{k} {v['size'] / 2**20:.0f} MiB -> +{v['extra_bytes'] / 2**20:.0f} MiB ({v['ratio']:.1f}x)"
+            for k, v in r["records"].items()))
     lines.append(f"total {r['seconds']} s")
     return "\n".join(lines)
 
