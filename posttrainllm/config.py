@@ -125,6 +125,8 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("eval_dataset", str, None, "Separate validation data (same shape as --dataset).", TRAINING, metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("eval_split", float, 0.0, "Fraction of --dataset held out for validation (0 = none).", TRAINING, fraction_below_one, "FRACTION", panel="Inputs"),
     Opt("max_samples", int, None, "Use at most this many training examples.", TRAINING, positive_int, "N", panel="Inputs"),
+    Opt("streaming", bool, False, "Read --dataset (and --replay-dataset) as a stream, converted as training reads it: for corpora bigger than RAM or disk. Needs --max-steps; --eval-split takes the eval rows from the head of the stream.", TRAINING, panel="Inputs"),
+    Opt("dataset_num_proc", int, 1, "Processes for converting and tokenizing the data (datasets' num_proc, also used for TRL's tokenization).", TRAINING, positive_int, "N", panel="Inputs"),
     Opt("ref_model", str, None, "DPO reference model (default: a frozen copy of --model).", ("dpo",), metavar="PATH_OR_HUB_ID", panel="Inputs"),
     Opt("model_config", str, "small", "Preset (tiny, small, base) or a config.json path for the from-scratch model.", ("pretrain",), metavar="PRESET_OR_PATH", panel="Inputs"),
     Opt("vocab_size", int, 4096, "Vocabulary size of the byte-level BPE tokenizer trained on the corpus.", ("pretrain",), positive_int, "N", panel="Inputs"),
@@ -232,6 +234,8 @@ class RunConfig:
     eval_dataset: str | None = None
     eval_split: float | None = None
     max_samples: int | None = None
+    streaming: bool | None = None
+    dataset_num_proc: int | None = None
     ref_model: str | None = None
     model_config: str | None = None
     vocab_size: int | None = None
@@ -587,6 +591,8 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("--replay-dataset needs --replay-ratio > 0")
     if v.get("eval_dataset") and v.get("eval_split"):
         problems.append("give either --eval-dataset or --eval-split, not both")
+    if v.get("streaming") and (v.get("max_steps") or -1) <= 0:
+        problems.append("--streaming needs --max-steps N: a stream has no length, so --epochs cannot tell when to stop")
     for key in ("lora_alpha", "lora_dropout"):
         if v.get(key) and not v.get("lora_r"):
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")

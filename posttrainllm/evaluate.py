@@ -2,7 +2,9 @@
 
 Perplexity definition (used everywhere in this project, so numbers are comparable between runs):
 
-* the whole text is tokenized ONCE, without special tokens (no BOS/EOS);
+* the whole text is tokenized ONCE, without special tokens (no BOS/EOS); a long text is read and tokenized in
+  pieces cut at pre-tokenizer boundaries (a newline followed by a non-space character), which gives the same ids
+  as one call for byte-level BPE tokenizers, in bounded memory;
 * the token ids are cut into consecutive, NON-overlapping windows of ``max_length`` tokens; the last window
   is whatever is left (it may be shorter); each window is scored on its own, with no context carried over;
 * in a window of ``n`` tokens, tokens ``1..n-1`` are predicted from the tokens before them (``n - 1``
@@ -52,10 +54,33 @@ def _model_device(model):
     return torch.device("cpu")
 
 
-def _tokenize_text(tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` without special tokens; no "sequence longer than model_max_length" warning."""
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    return list(ids)
+def _tokenize_text(tokenizer, text: str):
+    """Token ids of ``text`` without special tokens (an int32 array). Long texts are tokenized in pieces cut at
+    pre-tokenizer boundaries (``posttrainllm.data.text.split_text``): the same ids for byte-level BPE tokenizers,
+    in bounded memory."""
+    return _tokenize_chunks(tokenizer, [text])
+
+
+def _tokenize_chunks(tokenizer, chunks):
+    """Token ids (int32 array) of the concatenation of text chunks, tokenized piece by piece; a chunk boundary is
+    kept only where it is a safe cut (else the text is carried into the next chunk)."""
+    import numpy as np
+
+    from posttrainllm.data.reading import safe_cut
+    from posttrainllm.data.text import Tokenize, split_text
+
+    encoder = Tokenize(tokenizer, "")
+    out, pending = [], ""
+    for chunk in chunks:
+        pending += chunk
+        cut = safe_cut(pending, len(pending) // 2) if len(pending) > (1 << 20) else None
+        if cut is None:
+            continue
+        out.extend(encoder.encode(split_text(pending[:cut])))
+        pending = pending[cut:]
+    if pending:
+        out.extend(encoder.encode(split_text(pending)))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
 
 
 def _check_max_length(max_length: int) -> int:
@@ -120,6 +145,7 @@ def _windows(n_tokens: int, max_length: int) -> int:
 
 def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress) -> dict:
     """Perplexity of already tokenized text (see module docstring for the definition)."""
+    import numpy as np
     import torch
 
     max_length = _check_max_length(max_length)
@@ -131,13 +157,12 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
 
     nll_sum = 0.0
     predicted = 0
+    ids = np.asarray(ids, dtype=np.int64)
     with _EvalMode(model):
         # Full windows: all of length max_length, batched without padding.
         for b0 in range(0, full, batch_size):
             b1 = min(b0 + batch_size, full)
-            batch = torch.tensor(
-                [ids[i * max_length : (i + 1) * max_length] for i in range(b0, b1)], dtype=torch.long, device=device
-            )
+            batch = torch.from_numpy(ids[b0 * max_length : b1 * max_length].reshape(b1 - b0, max_length)).to(device)
             logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
             for r in range(batch.shape[0]):
                 s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
@@ -148,7 +173,7 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
                 progress(b1 - b0)
         # The last, shorter window runs alone (no padding). One token predicts nothing: not run at all.
         if rest >= 2:
-            batch = torch.tensor([ids[full * max_length :]], dtype=torch.long, device=device)
+            batch = torch.from_numpy(ids[full * max_length :].reshape(1, rest)).to(device)
             logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
             s, c = _row_nll_sum(logits[0, :-1], batch[0, 1:])
             nll_sum += s
@@ -204,11 +229,13 @@ def _example_prompt_completion(i: int, ex: Any) -> tuple[str, str]:
     return prompt, completion
 
 
-def _sft_token_rows(tokenizer, examples: Sequence[Mapping], max_length: int) -> list[tuple[list[int], int]]:
+def _sft_token_rows(
+    tokenizer, examples: Sequence[Mapping], max_length: int, start: int = 0
+) -> list[tuple[list[int], int]]:
     """(input_ids, number of prompt tokens) per example, truncated to max_length."""
     eos = getattr(tokenizer, "eos_token_id", None)
     rows = []
-    for i, ex in enumerate(examples):
+    for i, ex in enumerate(examples, start=start):
         prompt, completion = _example_prompt_completion(i, ex)
         prompt_ids = list(tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"])
         completion_ids = list(tokenizer(completion, add_special_tokens=False, verbose=False)["input_ids"])
@@ -219,15 +246,30 @@ def _sft_token_rows(tokenizer, examples: Sequence[Mapping], max_length: int) -> 
     return rows
 
 
+_SFT_CHUNK = 4096  # examples tokenized and scored at a time (memory follows the chunk, not the dataset)
+
+
+def _in_chunks(examples, size: int):
+    chunk = []
+    for ex in examples:
+        chunk.append(ex)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def sft_completion_loss(
-    model, tokenizer, examples: list[dict], max_length: int, *, batch_size: int = 8, progress=None
+    model, tokenizer, examples, max_length: int, *, batch_size: int = 8, progress=None
 ) -> dict:
     """Mean NLL over completion tokens only (prompt tokens masked), like the SFT training loss.
 
     Each example is tokenized as ``tokenizer(prompt)`` (with the tokenizer's own special tokens, e.g. BOS)
     + ``tokenizer(completion, add_special_tokens=False)`` + EOS (if the tokenizer has one), then truncated
     to ``max_length`` tokens (from the right: a completion cut away is simply not scored). Examples are
-    ``{"prompt", "completion"}`` or Alpaca ``{"instruction", "input", "output"}``.
+    ``{"prompt", "completion"}`` or Alpaca ``{"instruction", "input", "output"}``: a list, or any iterable of
+    them (e.g. a ``datasets.Dataset``), read in chunks of 4096.
     Returns ``{"loss", "completion_tokens", "examples"}``. ``progress(advance)`` counts examples.
     """
     import torch
@@ -236,49 +278,50 @@ def sft_completion_loss(
     batch_size = _check_batch_size(batch_size)
     if isinstance(examples, (str, bytes, Mapping)):
         raise DataError("SFT examples must be a list of objects")
-    if not isinstance(examples, Sequence):
-        examples = list(examples)  # e.g. a datasets.Dataset or a generator
-    rows = _sft_token_rows(tokenizer, examples, max_length)
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
     pad = 0 if pad is None else int(pad)
     device = _model_device(model)
 
-    # Sort by length so batches carry little padding (the result does not depend on the order).
-    order = sorted(range(len(rows)), key=lambda k: len(rows[k][0]))
     nll_sum = 0.0
     counted = 0
+    n_examples = 0
     with _EvalMode(model):
-        for b0 in range(0, len(order), batch_size):
-            idx = order[b0 : b0 + batch_size]
-            batch_rows = [rows[k] for k in idx if len(rows[k][0]) - rows[k][1] > 0 and len(rows[k][0]) >= 2]
-            if batch_rows:
-                width = max(len(ids) for ids, _ in batch_rows)
-                input_ids = torch.full((len(batch_rows), width), pad, dtype=torch.long)
-                attention = torch.zeros((len(batch_rows), width), dtype=torch.long)
-                labels = torch.full((len(batch_rows), width), -100, dtype=torch.long)
-                for r, (ids, n_prompt) in enumerate(batch_rows):
-                    t = torch.tensor(ids, dtype=torch.long)
-                    input_ids[r, : len(ids)] = t
-                    attention[r, : len(ids)] = 1
-                    labels[r, n_prompt : len(ids)] = t[n_prompt:]
-                input_ids, attention, labels = input_ids.to(device), attention.to(device), labels.to(device)
-                logits = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
-                for r in range(len(batch_rows)):
-                    s, c = _row_nll_sum(logits[r, :-1], labels[r, 1:])
-                    nll_sum += s
-                    counted += c
-                del logits
-            if progress is not None:
-                progress(len(idx))
+        for chunk in _in_chunks(examples, _SFT_CHUNK):
+            rows = _sft_token_rows(tokenizer, chunk, max_length, start=n_examples)
+            n_examples += len(rows)
+            # Sort by length so batches carry little padding (the result does not depend on the order).
+            order = sorted(range(len(rows)), key=lambda k: len(rows[k][0]))
+            for b0 in range(0, len(order), batch_size):
+                idx = order[b0 : b0 + batch_size]
+                batch_rows = [rows[k] for k in idx if len(rows[k][0]) - rows[k][1] > 0 and len(rows[k][0]) >= 2]
+                if batch_rows:
+                    width = max(len(ids) for ids, _ in batch_rows)
+                    input_ids = torch.full((len(batch_rows), width), pad, dtype=torch.long)
+                    attention = torch.zeros((len(batch_rows), width), dtype=torch.long)
+                    labels = torch.full((len(batch_rows), width), -100, dtype=torch.long)
+                    for r, (ids, n_prompt) in enumerate(batch_rows):
+                        t = torch.tensor(ids, dtype=torch.long)
+                        input_ids[r, : len(ids)] = t
+                        attention[r, : len(ids)] = 1
+                        labels[r, n_prompt : len(ids)] = t[n_prompt:]
+                    input_ids, attention, labels = input_ids.to(device), attention.to(device), labels.to(device)
+                    logits = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+                    for r in range(len(batch_rows)):
+                        s, c = _row_nll_sum(logits[r, :-1], labels[r, 1:])
+                        nll_sum += s
+                        counted += c
+                    del logits
+                if progress is not None:
+                    progress(len(idx))
 
     if counted == 0:
         raise DataError(
-            f"no completion tokens to score in {len(rows)} SFT example(s) "
+            f"no completion tokens to score in {n_examples} SFT example(s) "
             f"(empty data, or prompts fill max_length={max_length})"
         )
-    return {"loss": nll_sum / counted, "completion_tokens": counted, "examples": len(rows)}
+    return {"loss": nll_sum / counted, "completion_tokens": counted, "examples": n_examples}
 
 
 def _names_for_paths(paths: list[str], reserved: set[str]) -> list[str]:
@@ -310,18 +353,18 @@ def _names_for_paths(paths: list[str], reserved: set[str]) -> list[str]:
     return out
 
 
-def _read_text(path: str) -> str:
+def _tokenize_file(tokenizer, path: str):
+    """Token ids of a UTF-8 text file, read in chunks by the data package's reader (its BOM / encoding / NUL
+    checks), never whole."""
+    from posttrainllm.data.reading import iter_text
+
     if not os.path.exists(path):
         raise UsageError(f"evaluation file not found: {path}")
     if os.path.isdir(path):
         raise UsageError(f"evaluation path is a directory, expected a text file: {path}")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not os.path.isfile(path):
+        raise UsageError(f"evaluation path is not a regular file: {path}")
+    return _tokenize_chunks(tokenizer, iter_text(path, path))
 
 
 def evaluate_files(
@@ -356,10 +399,13 @@ def evaluate_files(
         raise UsageError("texts must be a list of file paths or a dict name -> text")
     else:
         paths = [os.fspath(p) for p in texts]
-        named = dict(zip(_names_for_paths(paths, reserved), (_read_text(p) for p in paths)))
+        named = dict(zip(_names_for_paths(paths, reserved), paths))
 
     # Tokenize first, so the progress bar knows its total.
-    tokenized = {name: _tokenize_text(tokenizer, text) for name, text in named.items()}
+    if isinstance(texts, Mapping):
+        tokenized = {name: _tokenize_text(tokenizer, text) for name, text in named.items()}
+    else:
+        tokenized = {name: _tokenize_file(tokenizer, path) for name, path in named.items()}
 
     bar = None
     if progress is True and sys.stderr.isatty():

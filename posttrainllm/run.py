@@ -124,35 +124,36 @@ def _ood_eval(model, tokenizer, cfg) -> dict:
     return evaluate_files(model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0())
 
 
+def _stream_rows(cfg) -> int | None:
+    """Rows (or blocks) one streamed run reads: what --eval-split's fraction is taken of, from the head."""
+    import os
+
+    if not cfg.streaming or cfg.max_steps <= 0:
+        return None
+    return cfg.max_steps * cfg.batch_size * cfg.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _prepare_data(cfg, tokenizer):
     from posttrainllm import data
 
-    common = dict(eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples)
+    common = dict(eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples,
+                  num_proc=cfg.dataset_num_proc, streaming=cfg.streaming, stream_rows=_stream_rows(cfg))
     if cfg.command == "sft":
-        prepared = data.prepare_sft(cfg.dataset, tokenizer, **common)
+        prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     elif cfg.command == "dpo":
         prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     if cfg.replay_dataset:
         if cfg.command == "sft":  # replay rows take the SFT rows' shape, with the loss on the replayed text
-            texts = [r["text"] for r in data.read_records(cfg.replay_dataset) if isinstance(r.get("text"), str)]
-            prepared.train = data.mix_replay(prepared.train, texts, cfg.replay_ratio, cfg.seed)
+            replay = data.load_texts(cfg.replay_dataset, streaming=cfg.streaming)
         else:  # finetune: replay token blocks of the same length beside the training blocks
-            replay = data.prepare_text(cfg.replay_dataset, tokenizer, max_length=cfg.max_length, seed=cfg.seed)
-            prepared.train = _mix_blocks(prepared.train, replay.train, cfg.replay_ratio, cfg.seed)
-        prepared.n_train = len(prepared.train)
+            replay = data.prepare_text(cfg.replay_dataset, tokenizer, max_length=cfg.max_length, seed=cfg.seed,
+                                       num_proc=cfg.dataset_num_proc, streaming=cfg.streaming).train
+        prepared.train = data.mix_replay(prepared.train, replay, cfg.replay_ratio, cfg.seed)
+        if not cfg.streaming:
+            prepared.n_train = len(prepared.train)
     return prepared
-
-
-def _mix_blocks(train, replay, ratio: float, seed: int):
-    """A fraction `ratio` of the mixed rows are replay blocks (drawn with a seeded order, repeated if needed)."""
-    import datasets
-    import numpy as np
-
-    n = max(1, round(ratio * len(train) / (1 - ratio)))
-    idx = np.random.default_rng(seed).permutation(np.resize(np.arange(len(replay)), max(n, len(replay))))[:n]
-    return datasets.concatenate_datasets([train, replay.select(idx.tolist())]).shuffle(seed=seed)
 
 
 def _check_trainer_args(cfg, kind: str, precision: str) -> dict:
@@ -418,15 +419,14 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
     precision = models.pick_precision(cfg.precision)
     trainer_args = _check_trainer_args(cfg, "causal_lm", precision)
     models.check_model_config(cfg.model_config)
-    texts = [r["text"] for r in data.read_records(cfg.dataset) if isinstance(r.get("text"), str)]
-    if not texts:
-        raise UsageError(f"--dataset {cfg.dataset}: pretrain needs plain text (.txt, or records with a 'text' column)")
+    corpus = data.load_texts(cfg.dataset, streaming=cfg.streaming)  # checked to be plain text before any training
     tok_dir = Path(cfg.output_dir) / "tokenizer"
     if resume_from and tok_dir.is_dir():
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-    else:
-        tokenizer = models.train_bpe_tokenizer(texts, cfg.vocab_size)
-    prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples)
+    else:  # trained from batches of text, never from one string holding the corpus
+        tokenizer = models.train_bpe_tokenizer(data.iter_texts(corpus), cfg.vocab_size)
+    prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples,
+                                 num_proc=cfg.dataset_num_proc, streaming=cfg.streaming, stream_rows=_stream_rows(cfg))
     config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
     model = AutoModelForCausalLM.from_config(config)
     plan = plan_param_groups(cfg, model)
@@ -468,8 +468,7 @@ def evaluate(cfg) -> None:
     if cfg.sft_dataset:
         from posttrainllm import data
 
-        records = data.read_records(cfg.sft_dataset)
-        sft_examples = records
+        sft_examples = data.load(cfg.sft_dataset)  # memory-mapped; scored in chunks
     results = ev.evaluate_files(model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json)
     if cfg.json:
         print(json.dumps(ev.json_ready(results), allow_nan=False))

@@ -554,9 +554,9 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
     --trainer-arg values; every argument must exist in the installed version."""
     args = common_args(cfg, precision, has_eval=has_eval)
     if kind == "sft":
-        args.update(max_length=cfg.max_length, packing=False, dataset_num_proc=None)
+        args.update(max_length=cfg.max_length, packing=False, dataset_num_proc=_num_proc(cfg))
     elif kind == "dpo":
-        args.update(beta=cfg.beta, max_length=cfg.max_length)
+        args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
     extra = check_trainer_args(kind, cfg.trainer_args or {})
     try:
         return make_config(_config_class(kind), **{**args, **extra})
@@ -592,12 +592,18 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(bars() if interactive() and not conf.disable_tqdm else plain())
     check_distributed_engine(trainer, llrd_active=plan.lr_scaled)
-    if len(trainer.train_dataset) == 0:
+    if hasattr(trainer.train_dataset, "__len__") and len(trainer.train_dataset) == 0:  # a stream has no length
         raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
     return trainer
 
 
-def total_steps(cfg, n_train: int, world_size: int = 1) -> int:
+def _num_proc(cfg) -> int | None:
+    """--dataset-num-proc for TRL's tokenization map (None: in this process)."""
+    n = cfg.dataset_num_proc or 1
+    return n if n > 1 else None
+
+
+def total_steps(cfg, n_train: int | None, world_size: int = 1) -> int:
     if cfg.max_steps > 0:
         return cfg.max_steps
     return max(1, math.ceil(math.ceil(n_train / (cfg.batch_size * world_size)) / cfg.grad_accum * cfg.epochs))

@@ -8,6 +8,15 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
+import atexit
+import shutil
+import tempfile
+
+# datasets caches what it reads (Arrow copies, map results): keep the tests' copies out of the user's cache.
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="posttrainllm-tests-datasets-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], True)
+
 from pathlib import Path
 
 import pytest

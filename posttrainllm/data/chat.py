@@ -1,0 +1,152 @@
+"""Chat templates: the default one put on tokenizers that have none, and what a template leaves of a conversation
+at a given --max-length (all chat-template logic lives here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import DataError
+
+# ChatML layout (as used by Qwen/OpenAI): every message is
+#     <|im_start|>{role}\n{content}<|im_end|>\n
+# and `add_generation_prompt=True` appends `<|im_start|>assistant\n`. Differences from plain ChatML:
+#   * an assistant turn is followed by the tokenizer's eos token (when it has one) right after `<|im_end|>`, so a
+#     model trained on it learns to stop with the default generation settings (the ChatML markers are ordinary
+#     text for a tokenizer that does not have them as special tokens, so `<|im_end|>` alone would not stop it);
+#   * no default system prompt, no tool-call rendering, no BOS token, no `{% generation %}` markers.
+# The prompt rendered with `add_generation_prompt=True` is a prefix of the full conversation rendered without it,
+# which is what TRL's prompt/completion and preference tokenisation relies on.
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' -}}"
+    "{%- if message['role'] == 'assistant' and eos_token is defined and eos_token -%}{{- eos_token -}}{%- endif -%}"
+    "{{- '\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+def ensure_chat_template(tokenizer: Any) -> str | None:
+    """Put DEFAULT_CHAT_TEMPLATE on a tokenizer that has no chat template; return a note saying so (else None)."""
+    if tokenizer is None or getattr(tokenizer, "chat_template", None):
+        return None
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    return (
+        "no chat template in tokenizer: applied the default ChatML template (posttrainllm.data.DEFAULT_CHAT_TEMPLATE)"
+    )
+
+
+def prompt_part(row: dict) -> list[dict] | None:
+    """The messages rendered before the first trained completion token of a conversational SFT row: the prompt of
+    a prompt/completion row, or the messages before the first assistant message with content (None: there is no
+    such message)."""
+    if "messages" in row:
+        for i, m in enumerate(row["messages"]):
+            if m["role"] == "assistant" and m["content"].strip():
+                return row["messages"][:i]
+        return None
+    return row["prompt"]
+
+
+class CompletionBudget:
+    """Does a conversational SFT row keep at least one completion token once truncated to `max_length`?
+
+    TRL truncates every tokenized conversation to max_length; a row whose prompt part (see `prompt_part`) already
+    fills it trains on prompt tokens only. Deciding that for every row by rendering the template and tokenizing
+    would cost as much as TRL's own tokenization, so it goes in three steps:
+
+    1. a token covers at least one byte: a prompt part whose contents have fewer bytes than max_length, plus the
+       template's own text (measured with empty contents) and 16, fits. Most rows stop here.
+    2. the other rows' contents are tokenized in one batched call: a sum of content tokens that stays below (or
+       reaches) max_length with a margin for the template's tokens and for merges at its boundaries (4 tokens a
+       message, 16 more for special tokens) decides the row;
+    3. rows within that margin are rendered with the chat template and tokenized: exact.
+
+    A prompt part above 256 KiB with max_length whitespace-separated words or more never fits (a token never spans
+    two words): decided without tokenizing it.
+    """
+
+    SLACK = 16  # special tokens a template or tokenizer may add around the text
+    MARGIN = 4  # tokens per message: merges and splits where a content meets the template's text
+    WORDS_ABOVE = 256 << 10
+
+    def __init__(self, tokenizer: Any, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = int(max_length)
+        self.base, self.per_message, self.base_tokens, self.per_message_tokens = self._template_sizes()
+        self.unclear = 0  # rows the byte bound could not clear (for measurements)
+
+    def _render(self, messages: list[dict], generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    def _count(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        from .text import encode_batch
+
+        return [len(x) for x in encode_batch(self.tokenizer, texts)]
+
+    def _template_sizes(self) -> tuple[int, int, int, int]:
+        """What the template adds, in bytes and in tokens: at most `base` for the first message plus the generation
+        prompt, and at most `per_message` for each further message (measured with empty contents, every role)."""
+        sizes = [0, 0, 0, 0]
+        for role in ("system", "user", "assistant", "tool"):
+            try:
+                one = [{"role": role, "content": ""}]
+                first, more = self._render(one, True), self._render(one, False)
+            except Exception:  # noqa: BLE001 - a template may refuse a role on its own; the others still count
+                continue
+            counts = self._count([first, more])
+            for k, v in enumerate((len(first.encode()), len(more.encode()), counts[0], counts[1])):
+                sizes[k] = max(sizes[k], v)
+        return sizes[0], sizes[1], sizes[2], sizes[3]
+
+    def template_tokens(self, n_messages: int) -> int:
+        return self.base_tokens + max(0, n_messages - 1) * self.per_message_tokens
+
+    def upper_bound(self, content_bytes: int, n_messages: int) -> int:
+        """Most tokens a prompt part with these content bytes and messages can have (step 1)."""
+        return content_bytes + self.base + max(0, n_messages - 1) * self.per_message + self.SLACK
+
+    def prompt_tokens(self, messages: list[dict], where: str = "") -> int:
+        try:
+            text = self._render(messages, True)
+        except Exception as e:  # noqa: BLE001 - jinja raises TemplateError for data the template rejects
+            raise DataError(f"{where}: the chat template cannot render this conversation ({e})") from None
+        return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+    def leaves_no_completion(self, row: dict, where: str = "") -> bool:
+        prompt = prompt_part(row)
+        if prompt is None:
+            return False  # no assistant content: dropped for that reason
+        content_bytes = sum(len(m["content"].encode()) for m in prompt)
+        if self.upper_bound(content_bytes, len(prompt)) < self.max_length:
+            return False
+        return self.decide([prompt], [content_bytes], [where])[0]
+
+    def decide(self, prompts: list[list[dict]], content_bytes: list[int], wheres: list[str]) -> list[bool]:
+        """Steps 2 and 3 for prompt parts that step 1 could not clear: True where no completion token survives."""
+        L = self.max_length
+        out: list[bool | None] = [None] * len(prompts)
+        texts, owners = [], []
+        for i, (prompt, nbytes) in enumerate(zip(prompts, content_bytes)):
+            if nbytes > self.WORDS_ABOVE and sum(len(m["content"].split()) for m in prompt) >= L:
+                out[i] = True
+                continue
+            for m in prompt:
+                texts.append(m["content"])
+                owners.append(i)
+        tokens = [0] * len(prompts)
+        for owner, n in zip(owners, self._count(texts)):
+            tokens[owner] += n
+        for i, prompt in enumerate(prompts):
+            if out[i] is not None:
+                continue
+            n = len(prompt)
+            if tokens[i] - self.MARGIN * n >= L:
+                out[i] = True
+            elif tokens[i] + self.template_tokens(n) + self.MARGIN * n + self.SLACK < L:
+                out[i] = False
+            else:
+                out[i] = self.prompt_tokens(prompt, wheres[i]) >= L
+        return [bool(x) for x in out]

@@ -1,0 +1,512 @@
+"""Formats: detection from the columns (and the first rows), and the conversion of one record to a trainer row.
+
+==================== ===================================================== ==========================================
+format               columns                                               becomes
+==================== ===================================================== ==========================================
+alpaca               instruction, output, [input], [system], [history]     prompt (Alpaca template) / completion
+messages             messages: [{role, content}]                           messages
+sharegpt             conversations: [{from, value}], [system]              messages (human->user, gpt->assistant, ..)
+prompt_completion    prompt, completion (strings or message lists)         prompt / completion (as is)
+text                 text                                                  text (sft) or token blocks (finetune)
+preference           [prompt], chosen, rejected (strings or message lists) prompt / chosen / rejected
+sharegpt_preference  conversations, chosen: {from, value}, rejected: {..}  prompt (messages) / chosen / rejected
+==================== ===================================================== ==========================================
+
+The per-record functions here are the reference: ``convert.py`` applies them to a dataset batch by batch (and has
+vectorized Arrow paths for the common cases that give the same rows). Degenerate rows (nothing to learn from) get a
+reason from ``drop_reason`` and are dropped with a count; malformed ones raise DataError naming the record.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import DataError, UsageError
+from .reading import json_type
+
+SFT_FORMATS = ("alpaca", "messages", "sharegpt", "prompt_completion", "text")
+DPO_FORMATS = ("preference", "sharegpt_preference")
+TEXT_FORMATS = ("text",)
+
+FORMAT_HELP = {
+    "alpaca": "alpaca (instruction, input, output)",
+    "messages": "messages (messages: [{role, content}])",
+    "sharegpt": "sharegpt (conversations: [{from, value}])",
+    "prompt_completion": "prompt_completion (prompt, completion)",
+    "text": "text (text)",
+    "preference": "preference (prompt, chosen, rejected; or chosen, rejected conversations that include the prompt)",
+    "sharegpt_preference": "sharegpt_preference (conversations: [{from, value}], chosen: {from, value}, "
+    "rejected: {from, value})",
+}
+TASK_FORMATS = {"sft": SFT_FORMATS, "dpo": DPO_FORMATS, "text": TEXT_FORMATS}
+_TASK_COMMANDS = {"sft": "sft", "dpo": "dpo", "text": "finetune/pretrain"}
+
+# What each format turns into (for `describe`).
+CONVERSION = {
+    "alpaca": "prompt/completion",
+    "messages": "messages",
+    "sharegpt": "messages",
+    "prompt_completion": "prompt/completion",
+    "text": "text",
+    "preference": "prompt/chosen/rejected",
+    "sharegpt_preference": "prompt/chosen/rejected (messages)",
+}
+# The columns each format converts to.
+TARGET_COLUMNS = {
+    "alpaca": ("prompt", "completion"),
+    "messages": ("messages",),
+    "sharegpt": ("messages",),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+    "preference": ("prompt", "chosen", "rejected"),
+    "sharegpt_preference": ("prompt", "chosen", "rejected"),
+}
+
+# Stanford Alpaca's prompt templates (https://github.com/tatsu-lab/stanford_alpaca). The completion is the `output`.
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+ROLE_MAP = {
+    "system": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "chatgpt": "assistant",
+    "function_call": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+    "function": "tool",
+    "ipython": "tool",
+}
+
+# Reasons a row is dropped (the banner counts them).
+EMPTY_RECORD = "empty record"
+EMPTY_COMPLETION = "empty completion"
+NO_ASSISTANT = "no assistant content"
+EMPTY_TEXT = "empty text"
+SAME_PAIR = "chosen equals rejected"
+EMPTY_PAIR = "empty chosen or rejected"
+TOO_LONG_PROMPT = "prompt fills --max-length"
+REASON_TEXT = {
+    EMPTY_RECORD: "empty",
+    EMPTY_COMPLETION: "empty completion",
+    NO_ASSISTANT: "no assistant content",
+    EMPTY_TEXT: "empty text",
+    SAME_PAIR: "chosen = rejected",
+    EMPTY_PAIR: "empty chosen/rejected",
+    TOO_LONG_PROMPT: "prompt ≥ --max-length, no completion token left",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Detection
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _guess_pairs(cols: set[str]) -> str | None:
+    if {"chosen", "rejected"} <= cols:
+        return "sharegpt_preference" if "conversations" in cols else "preference"
+    return None
+
+
+def _guess_sft(cols: set[str]) -> str | None:
+    for fmt, needed in (
+        ("messages", {"messages"}),
+        ("sharegpt", {"conversations"}),
+        ("prompt_completion", {"prompt", "completion"}),
+        ("alpaca", {"instruction", "output"}),
+        ("text", {"text"}),
+    ):
+        if needed <= cols:
+            return fmt
+    return None
+
+
+def accepts(task: str) -> str:
+    return ", ".join(FORMAT_HELP[f] for f in TASK_FORMATS[task])
+
+
+def _record_columns(records: list[dict], limit: int = 100) -> list[str]:
+    seen: dict[str, None] = {}
+    for rec in records[:limit]:
+        for key in rec:
+            seen.setdefault(key, None)
+    return list(seen)
+
+
+def detect_format(records, task: str, source: str = "") -> str:
+    """The format of `records` for `task` ("sft", "dpo" or "text"), from column names.
+
+    `records` is a list of dicts (the columns are the keys of the first 100) or a ``datasets`` dataset (its
+    columns). Precedence for sft: messages > conversations (sharegpt) > prompt + completion > instruction + output
+    (alpaca) > text, except that chosen + rejected without a messages column is preference data. For dpo:
+    chosen + rejected with conversations (sharegpt_preference) > chosen + rejected (preference). For text: a text
+    column. Raises DataError for unknown columns (listing the columns found and the formats the task accepts) and
+    for data that fits another command.
+    """
+    if task not in TASK_FORMATS:
+        raise UsageError(f"unknown task {task!r}: expected one of {', '.join(TASK_FORMATS)}")
+    name = source or "dataset"
+    if isinstance(records, list):
+        if not records:
+            raise DataError(f"dataset {name} is empty: it holds no records")
+        cols = _record_columns(records)
+    else:
+        from .reading import columns
+
+        cols = columns(records)
+    return format_from_columns(cols, task, name)
+
+
+def format_from_columns(cols: list[str], task: str, name: str) -> str:
+    colset = set(cols)
+    if task == "dpo":
+        fmt = _guess_pairs(colset) or _guess_sft(colset)
+    elif task == "text":
+        fmt = "text" if "text" in colset else (_guess_sft(colset) or _guess_pairs(colset))
+    else:  # sft: preference data (chosen/rejected without a messages column) is reported as such
+        fmt = _guess_pairs(colset) if "messages" not in colset else None
+        fmt = fmt or _guess_sft(colset)
+    if fmt in TASK_FORMATS[task]:
+        return fmt
+    if fmt is None:
+        raise DataError(
+            f"{name}: cannot tell the format from columns {cols}; {_TASK_COMMANDS[task]} accepts: {accepts(task)}"
+        )
+    # The data fits another command.
+    if fmt in DPO_FORMATS:
+        kind, fits = "preference data", "dpo"
+    elif fmt == "text":
+        kind, fits = "raw text", "finetune/pretrain (or sft)"
+    else:
+        kind, fits = "SFT data", "sft"
+    needs = {
+        "sft": "sft needs instruction data: " + accepts("sft"),
+        "dpo": "dpo needs prompt/chosen/rejected preference pairs (or ShareGPT conversations with chosen/rejected)",
+        "text": "finetune/pretrain need raw text: a 'text' column or a .txt file",
+    }[task]
+    raise DataError(f"{name}: looks like {kind} ({fmt}); {needs}. Use the {fits} command for this data")
+
+
+def is_conversational(fmt: str, rows: list[dict], features=None) -> bool:
+    """Whether `fmt` data converts to message lists. prompt_completion and preference data are conversational when
+    a column holds message lists (by its Arrow type, or in the first rows, also as JSON-encoded strings); then the
+    string values of the other rows become single user/assistant messages, so the whole set has one schema."""
+    if fmt in ("messages", "sharegpt", "sharegpt_preference"):
+        return True
+    if fmt not in ("prompt_completion", "preference"):
+        return False
+    keys = ("prompt", "completion") if fmt == "prompt_completion" else ("prompt", "chosen", "rejected")
+    if features is not None:
+        import datasets
+
+        for key in keys:
+            feature = features.get(key)
+            if isinstance(feature, (list, dict, datasets.Sequence, getattr(datasets, "List", tuple))):
+                return True
+    for row in rows:
+        for key in keys:
+            value = maybe_json(row.get(key))
+            if isinstance(value, dict) or is_msgs(value):
+                return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Conversion of one record
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def where(source: str, index: int) -> str:
+    return f"{source or 'dataset'}: record {index + 1}"
+
+
+def maybe_json(value: Any) -> Any:
+    if isinstance(value, str) and value.lstrip().startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _content(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type", "text") == "text" for p in value):
+        return "".join(str(p.get("text", "")) for p in value)
+    raise DataError(f"{where}: message content must be a string, found {json_type(value)}")
+
+
+def _message(msg: Any, where: str) -> dict:
+    if not isinstance(msg, dict):
+        raise DataError(f"{where}: each message must be an object with role/content, found {json_type(msg)}")
+    # Arrow gives every message all the keys seen in the column (absent ones are None).
+    if msg.get("role") is not None or ("role" in msg and msg.get("from") is None):
+        role, content = msg.get("role"), msg.get("content")
+    elif "from" in msg:
+        role, content = msg.get("from"), msg.get("value")
+    else:
+        raise DataError(f"{where}: a message has keys {list(msg)}; expected role/content (or from/value)")
+    mapped = ROLE_MAP.get(str(role).strip().lower())
+    if mapped is None:
+        raise DataError(
+            f"{where}: unknown role {role!r}; expected system, user, assistant, tool "
+            "(or ShareGPT's human, gpt, observation)"
+        )
+    return {"role": mapped, "content": _content(content, where)}
+
+
+def _messages(value: Any, where: str, column: str) -> list[dict]:
+    value = maybe_json(value)
+    if not isinstance(value, list):
+        raise DataError(f"{where}: '{column}' must be a list of messages, found {json_type(value)}")
+    if not value:
+        raise DataError(f"{where}: '{column}' is an empty list of messages")
+    return [_message(m, where) for m in value]
+
+
+def _string(record: dict, key: str, where: str, required: bool = True) -> str:
+    value = record.get(key)
+    if value is None:
+        if required:
+            raise DataError(f"{where}: '{key}' is missing or null")
+        return ""
+    if not isinstance(value, str):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise DataError(f"{where}: '{key}' must be a string, found {json_type(value)}")
+    return value
+
+
+def _alpaca(record: dict, where: str) -> dict:
+    instruction = _string(record, "instruction", where)
+    inp = _string(record, "input", where, required=False)
+    output = _string(record, "output", where)
+    if not instruction.strip():
+        raise DataError(f"{where}: 'instruction' is empty")
+    prompt = (ALPACA_PROMPT if inp.strip() else ALPACA_PROMPT_NO_INPUT).format(instruction=instruction, input=inp)
+    # LLaMA-Factory's optional alpaca columns: a system line and earlier [instruction, output] turns.
+    history = maybe_json(record.get("history"))
+    if history:
+        if not isinstance(history, list) or not all(isinstance(t, (list, tuple)) and len(t) == 2 for t in history):
+            raise DataError(f"{where}: 'history' must be a list of [instruction, output] pairs")
+        turns = "".join(f"### Instruction:\n{q}\n\n### Response:\n{a}\n\n" for q, a in history)
+        head, sep, tail = prompt.partition("### Instruction:\n")
+        prompt = head + turns + sep + tail
+    system = record.get("system")
+    if isinstance(system, str) and system.strip():
+        prompt = system.strip() + "\n\n" + prompt
+    return {"prompt": prompt, "completion": output}
+
+
+def _sharegpt(record: dict, where: str) -> dict:
+    messages = _messages(record.get("conversations"), where, "conversations")
+    system = record.get("system")
+    if isinstance(system, str) and system.strip() and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system}] + messages
+    return {"messages": messages}
+
+
+def is_msgs(value: Any) -> bool:
+    value = maybe_json(value)
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
+
+
+def _prompt_completion(record: dict, where: str) -> dict:
+    prompt, completion = maybe_json(record.get("prompt")), maybe_json(record.get("completion"))
+    if is_msgs(prompt) or is_msgs(completion):
+        # Conversational: a plain string on one side becomes a single user / assistant message.
+        p = _messages(prompt, where, "prompt") if is_msgs(prompt) else [
+            {"role": "user", "content": _string(record, "prompt", where)}
+        ]
+        c = _messages(completion, where, "completion") if is_msgs(completion) else [
+            {"role": "assistant", "content": _string(record, "completion", where)}
+        ]
+        return {"prompt": p, "completion": c}
+    return {
+        "prompt": _string(record, "prompt", where, required=False),
+        "completion": _string(record, "completion", where),
+    }
+
+
+def _text(record: dict, where: str) -> dict:
+    return {"text": _string(record, "text", where)}
+
+
+def _common_prefix_len(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _preference(record: dict, where: str) -> dict:
+    chosen, rejected = maybe_json(record.get("chosen")), maybe_json(record.get("rejected"))
+    prompt = maybe_json(record.get("prompt"))
+    if isinstance(chosen, dict) or isinstance(rejected, dict):  # {from, value} / {role, content} single messages
+        chosen = [chosen] if isinstance(chosen, dict) else chosen
+        rejected = [rejected] if isinstance(rejected, dict) else rejected
+    conversational = is_msgs(chosen) or is_msgs(rejected) or is_msgs(prompt)
+    if not conversational:
+        c = _string(record, "chosen", where)
+        r = _string(record, "rejected", where)
+        if prompt is not None:
+            return {"prompt": _string(record, "prompt", where), "chosen": c, "rejected": r}
+        # Implicit prompt: the shared beginning of chosen and rejected, cut at a whitespace boundary.
+        n = _common_prefix_len(list(c), list(r))
+        while n > 0 and not c[n - 1].isspace():
+            n -= 1
+        return {"prompt": c[:n], "chosen": c[n:], "rejected": r[n:]}
+    c = _messages(chosen, where, "chosen") if is_msgs(chosen) else [
+        {"role": "assistant", "content": _string(record, "chosen", where)}
+    ]
+    r = _messages(rejected, where, "rejected") if is_msgs(rejected) else [
+        {"role": "assistant", "content": _string(record, "rejected", where)}
+    ]
+    if is_msgs(prompt):
+        return {"prompt": _messages(prompt, where, "prompt"), "chosen": c, "rejected": r}
+    # chosen/rejected are full conversations: the shared leading messages are the prompt.
+    n = _common_prefix_len(c, r)
+    n = min(n, len(c) - 1, len(r) - 1)  # leave at least one message on each side
+    if n > 0:
+        return {"prompt": c[:n], "chosen": c[n:], "rejected": r[n:]}
+    if isinstance(prompt, str) and prompt.strip():
+        return {"prompt": [{"role": "user", "content": prompt}], "chosen": c, "rejected": r}
+    raise DataError(
+        f"{where}: chosen and rejected share no prompt messages and there is no 'prompt' column; "
+        "add a prompt, or put the user turn(s) at the start of both conversations"
+    )
+
+
+def _sharegpt_preference(record: dict, where: str) -> dict:
+    prompt = _messages(record.get("conversations"), where, "conversations")
+    system = record.get("system")
+    if isinstance(system, str) and system.strip() and prompt[0]["role"] != "system":
+        prompt = [{"role": "system", "content": system}] + prompt
+    out = {"prompt": prompt}
+    for key in ("chosen", "rejected"):
+        value = maybe_json(record.get(key))
+        if isinstance(value, dict):
+            msgs = [_message(value, where)]
+        elif isinstance(value, list):
+            msgs = _messages(value, where, key)
+        elif isinstance(value, str):
+            msgs = [{"role": "assistant", "content": value}]
+        else:
+            raise DataError(f"{where}: '{key}' must be a {{from, value}} message, found {json_type(value)}")
+        out[key] = msgs
+    return out
+
+
+CONVERTERS = {
+    "alpaca": _alpaca,
+    "messages": lambda rec, where: {"messages": _messages(rec.get("messages"), where, "messages")},
+    "sharegpt": _sharegpt,
+    "prompt_completion": _prompt_completion,
+    "text": _text,
+    "preference": _preference,
+    "sharegpt_preference": _sharegpt_preference,
+}
+_ROLES_FOR = {"prompt": "user", "completion": "assistant", "chosen": "assistant", "rejected": "assistant"}
+
+
+def unify(row: dict, fmt: str, conversational: bool, where: str) -> dict:
+    """One schema for the whole set: in conversational prompt_completion / preference data, string values become
+    single user/assistant messages; plain-string data must not hold message lists."""
+    if fmt not in ("prompt_completion", "preference"):
+        return row
+    keys = [k for k in ("prompt", "completion", "chosen", "rejected") if k in row]
+    if conversational:
+        for k in keys:
+            if isinstance(row[k], str):
+                row[k] = [{"role": _ROLES_FOR[k], "content": row[k]}]
+        if "prompt" in row and not row["prompt"]:  # TRL looks at message 0 of the prompt
+            raise DataError(f"{where}: the prompt is empty")
+    elif any(isinstance(row[k], list) for k in keys):
+        raise DataError(
+            f"{where}: holds message lists, but the first records of the dataset hold plain strings; "
+            "use one kind for the whole dataset"
+        )
+    return row
+
+
+def convert_record(record: dict, fmt: str, conversational: bool, where: str) -> dict:
+    return unify(CONVERTERS[fmt](record, where), fmt, conversational, where)
+
+
+def convert_records(records: list[dict], fmt: str, source: str = "") -> list[dict]:
+    """Convert records of format `fmt` to trainer rows (for a few records; datasets go through
+    ``convert.convert_dataset``). Raises DataError naming the record. Rows with message lists and rows with strings
+    are not mixed: when some rows are conversational, the string rows are turned into single user/assistant
+    messages so that the whole set has one Arrow schema."""
+    convert = CONVERTERS[fmt]
+    rows = [convert(rec, where(source, i)) for i, rec in enumerate(records)]
+    if fmt in ("prompt_completion", "preference") and rows:
+        keys = [k for k in ("prompt", "completion", "chosen", "rejected") if k in rows[0]]
+        conversational = any(isinstance(row[k], list) for row in rows for k in keys)
+        rows = [unify(row, fmt, conversational, where(source, i)) for i, row in enumerate(rows)]
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Degenerate rows
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def is_empty_record(record: dict) -> bool:
+    """Every value missing, null or a blank string (a blank CSV row, a `{}` line)."""
+    return all(v is None or (isinstance(v, str) and not v.strip()) for v in record.values())
+
+
+def _has_text(value) -> bool:
+    if isinstance(value, str):
+        return bool(value.strip())
+    return any(m["content"].strip() for m in value)
+
+
+def has_assistant_content(messages: list[dict]) -> bool:
+    return any(m["role"] == "assistant" and m["content"].strip() for m in messages)
+
+
+def drop_reason(row: dict, fmt: str) -> str | None:
+    """Why a converted row teaches nothing (None when it is fine)."""
+    if fmt in ("messages", "sharegpt"):
+        return None if has_assistant_content(row["messages"]) else NO_ASSISTANT
+    if fmt in ("alpaca", "prompt_completion"):
+        completion = row["completion"]
+        if isinstance(completion, list):
+            return None if has_assistant_content(completion) else NO_ASSISTANT
+        return None if completion.strip() else EMPTY_COMPLETION
+    if fmt == "text":
+        return None if row["text"].strip() else EMPTY_TEXT
+    # preference data
+    if not _has_text(row["chosen"]) or not _has_text(row["rejected"]):
+        return EMPTY_PAIR
+    if row["chosen"] == row["rejected"]:
+        return SAME_PAIR
+    return None
+
+
+def placeholder(fmt: str, conversational: bool) -> dict:
+    """A row of the right schema for a dropped record (removed before the data reaches a trainer)."""
+    if fmt in ("messages", "sharegpt"):
+        return {"messages": []}
+    empty: Any = [] if conversational else ""
+    return {k: ([] if fmt == "sharegpt_preference" else empty) for k in TARGET_COLUMNS[fmt]}
