@@ -15,9 +15,9 @@ Data (from ../shared/data, splits as its README suggests):
 Studies:
   alpaca    an 8-block base; SFT flat over 5 LRs, γ ∈ {0.95, 0.9, 0.8, 0.65} × 3 LRs, 25% replay, replay + γ 0.8
   loraplus  the same base; LoRA r=16, λ ∈ {1, 16} × γ ∈ {1, 0.8} × 2 LRs
-  depth     8- and 24-block bases of the same width pre-trained on the bigger corpus; flat vs γ at the same
-            γ and at the same bottom-block scale γ^(N-1)
-  dpo       DPO of an Alpaca-SFT model on dpo_en_demo.json, flat vs γ ∈ {0.9, 0.8} over an LR sweep
+  depth     8- and 24-block bases of the same width pre-trained on the bigger corpus; flat over 4 LRs vs γ at
+            the same γ and at the same bottom-block scale γ^(N-1), 2 LRs each
+  dpo       DPO of an Alpaca-SFT model on dpo_en_demo.json, flat vs γ ∈ {0.9, 0.8} over 3 LRs
 
 Every stage is the real CLI: `posttrainllm pretrain` for the bases, `posttrainllm sweep` for the grids (its cells are
 normal `sft`/`dpo` runs). A re-run reuses finished bases and cells. Results: bench/out/study/<mode>/ (not
@@ -206,7 +206,7 @@ def study_depth(ctx: dict) -> dict:
         jobs = str(ctx.get("jobs", 2))
         cells = sweep("sft", [*common, "--llrd", "1.0", "--lr", ctx.get("flat_lrs") or ("1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3"),
                               "--seeds", seeds, "--jobs", jobs], ctx["out"] / name)
-        cells += sweep("sft", [*common, "--llrd", ",".join(gammas), "--lr", ctx.get("llrd_lrs") or ("2e-3" if q else "7e-4,1.2e-3,2e-3"),
+        cells += sweep("sft", [*common, "--llrd", ",".join(gammas), "--lr", ctx.get("llrd_lrs") or ("2e-3" if q else "1.2e-3,2e-3"),
                                "--seeds", seeds, "--jobs", jobs], ctx["out"] / name)
         res[blocks] = {"base": base, "cells": cells, "curve": pretrain_curve(base)}
     return res
@@ -224,7 +224,7 @@ def study_dpo(ctx: dict) -> dict:
     args = ["--model", str(sft_model), "--dataset", str(files["dpo"]), "--eval-split", "0.1", "--max-steps", "20" if q else "100",
             "--batch-size", "8", "--max-length", "256", "--save-steps", "100000", "--logging-steps", "25", "--discard-weights",
             "--ood-eval", str(files["ood_shakespeare"]), "--ood-eval", str(files["ood_code"])]
-    cells = sweep("dpo", [*args, "--llrd", "1.0,0.8" if q else "1.0,0.9,0.8", "--lr", "1e-4" if q else "1e-5,3e-5,1e-4,3e-4",
+    cells = sweep("dpo", [*args, "--llrd", "1.0,0.8" if q else "1.0,0.9,0.8", "--lr", "1e-4" if q else "3e-5,1e-4,3e-4",
                           "--seeds", "0" if q else "0,1,2", "--jobs", "2"], ctx["out"] / "dpo")
     return {"base": sft_model, "cells": cells}
 
