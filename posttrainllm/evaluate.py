@@ -229,7 +229,9 @@ def _example_prompt_completion(i: int, ex: Any) -> tuple[str, str]:
     return prompt, completion
 
 
-def _sft_token_rows(tokenizer, examples: Sequence[Mapping], max_length: int, start: int = 0) -> list[tuple[list[int], int]]:
+def _sft_token_rows(
+    tokenizer, examples: Sequence[Mapping], max_length: int, start: int = 0
+) -> list[tuple[list[int], int]]:
     """(input_ids, number of prompt tokens) per example, truncated to max_length."""
     eos = getattr(tokenizer, "eos_token_id", None)
     rows = []

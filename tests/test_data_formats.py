@@ -3,10 +3,6 @@ errors naming the record, the chat template."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from data_samples import (  # noqa: F401 - fixtures and samples
@@ -14,7 +10,7 @@ from data_samples import (  # noqa: F401 - fixtures and samples
     make_tokenizer, tokenizer, write_json, write_jsonl,
 )
 from posttrainllm import data as D
-from posttrainllm.errors import DataError, PosttrainError, UsageError
+from posttrainllm.errors import DataError, UsageError
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,3 +234,142 @@ def test_existing_chat_template_is_kept(tmp_path, tokenizer):
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     prep = D.prepare_sft(str(write_jsonl(tmp_path / "chat.jsonl", MESSAGES)), tokenizer)
     assert prep.template_note is None and tokenizer.chat_template.startswith("{% for m")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Vectorized conversion = the per-record reference
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt,records", [
+    ("alpaca", ALPACA + [{"instruction": "Be brief.", "input": "  ", "output": ""}]),
+    ("alpaca", [dict(r, system=s) for r, s in zip(ALPACA, ["You are terse.", "", None, "  Be kind. "])]),
+    ("messages", MESSAGES + [{"messages": [{"role": "User", "content": "hi"},
+                                           {"role": "Assistant", "content": None}]}]),
+    ("messages", [{"messages": [dict(m, name="x") for m in r["messages"]]} for r in MESSAGES]),
+    ("sharegpt", SHAREGPT + [{"conversations": [{"from": "human", "value": "only a question"}]}]),
+    ("prompt_completion", PROMPT_COMPLETION + [{"prompt": None, "completion": " x"},
+                                                {"prompt": "p", "completion": " "}]),
+    ("text", [{"text": "one"}, {"text": "  "}, {"text": "two\nlines"}]),
+])
+def test_arrow_fast_paths_give_the_reference_rows(fmt, records):
+    import pyarrow as pa
+
+    from posttrainllm.data.convert import Converter, fast_batch
+
+    table = pa.Table.from_pylist(records)
+    conv = Converter(fmt, "d.jsonl", conversational=fmt in ("messages", "sharegpt"))
+    fast = fast_batch(table, conv, range(len(records)))
+    assert fast is not None  # these shapes take the vectorized path
+    got = pa.table({**fast.columns, "_drop": fast.reasons}).to_pylist()
+    want = conv.rows(records, range(len(records)))
+    want = [dict(zip(want, values)) for values in zip(*want.values())]
+    for g, w in zip(got, want):
+        assert g["_drop"] == w["_drop"]
+        if w["_drop"] is None:
+            assert g == w
+
+
+def test_fast_path_leaves_bad_records_to_the_reference_errors(tmp_path, tokenizer):
+    rows = ALPACA[:2] + [{"instruction": "  ", "input": "", "output": "x"}]
+    with pytest.raises(DataError, match=r"record 3: 'instruction' is empty"):
+        D.prepare_sft(str(write_jsonl(tmp_path / "a.jsonl", rows)), tokenizer)
+    rows = MESSAGES[:2] + [{"messages": [{"role": "narrator", "content": "x"}]}]
+    with pytest.raises(DataError, match=r"record 3: unknown role 'narrator'"):
+        D.prepare_sft(str(write_jsonl(tmp_path / "m.jsonl", rows)), make_tokenizer())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Degenerate rows: dropped with a count, an error when nothing is left
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_dpo_pairs_with_equal_or_empty_answers_are_dropped_and_counted(tmp_path, tokenizer):
+    rows = PREF_STR + [
+        {"prompt": "Same?", "chosen": " yes", "rejected": " yes"},
+        {"prompt": "Empty?", "chosen": " yes", "rejected": "   "},
+        {"prompt": "Msgs", "chosen": " a", "rejected": " a"},
+    ]
+    prep = D.prepare_dpo(str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer)
+    assert prep.n_train == len(PREF_STR) and prep.train.to_list() == PREF_STR
+    assert prep.dropped == {"chosen equals rejected": 2, "empty chosen or rejected": 1}
+    assert D.describe(prep).endswith("· dropped 3 degenerate rows (2 chosen = rejected, 1 empty chosen/rejected)")
+    # message lists too, including ShareGPT preference pairs
+    same = dict(SHAREGPT_PREF[0], rejected=SHAREGPT_PREF[0]["chosen"])
+    prep = D.prepare_dpo(str(write_json(tmp_path / "s.json", SHAREGPT_PREF + [same])), make_tokenizer())
+    assert prep.n_train == len(SHAREGPT_PREF) and prep.dropped == {"chosen equals rejected": 1}
+
+
+def test_conversations_without_assistant_content_are_dropped(tmp_path, tokenizer):
+    rows = MESSAGES + [
+        {"messages": [{"role": "user", "content": "Anyone there?"}]},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "  "}]},
+    ]
+    prep = D.prepare_sft(str(write_jsonl(tmp_path / "m.jsonl", rows)), tokenizer)
+    assert prep.n_train == len(MESSAGES) and prep.dropped == {"no assistant content": 2}
+    sharegpt = SHAREGPT + [{"conversations": [{"from": "human", "value": "Hello?"}]}]
+    prep = D.prepare_sft(str(write_json(tmp_path / "s.json", sharegpt)), make_tokenizer())
+    assert prep.n_train == len(SHAREGPT) and prep.dropped == {"no assistant content": 1}
+    completions = PROMPT_COMPLETION + [{"prompt": "Nothing follows", "completion": ""}]
+    prep = D.prepare_sft(str(write_jsonl(tmp_path / "pc.jsonl", completions)), make_tokenizer())
+    assert prep.n_train == len(PROMPT_COMPLETION) and prep.dropped == {"empty completion": 1}
+
+
+def test_conversations_whose_prompt_fills_max_length_are_dropped(tmp_path, tokenizer):
+    """Exactly the rows whose first assistant token would sit at or beyond --max-length after the chat template."""
+    long_question = "What color is the sky over the quick brown fox? " * 6
+    rows = MESSAGES + [
+        {"messages": [{"role": "user", "content": long_question}, {"role": "assistant", "content": "Blue."}]},
+        {"messages": [{"role": "system", "content": long_question}, {"role": "user", "content": "?"},
+                      {"role": "assistant", "content": "Blue."}]},
+    ]
+    path = str(write_jsonl(tmp_path / "m.jsonl", rows))
+    max_length = 64  # the sample conversations' prompt parts have 24-54 tokens, the long ones over 100
+    prep = D.prepare_sft(path, tokenizer, max_length=max_length)
+    assert prep.dropped == {"prompt fills --max-length": 2} and prep.n_train == len(MESSAGES)
+    for row in rows:  # the rule, checked by tokenizing the rendered prompt part
+        msgs = row["messages"]
+        first = next(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        prompt = tokenizer.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
+        n_prompt = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert (n_prompt >= max_length) == (row not in MESSAGES)
+    assert "prompt ≥ --max-length" in D.describe(prep)
+    # without max_length nothing is checked; a longer max_length keeps them
+    assert D.prepare_sft(path, tokenizer).n_train == len(rows)
+    assert D.prepare_sft(path, tokenizer, max_length=4096).n_train == len(rows)
+    # conversational prompt/completion rows: the prompt part is the prompt, with the generation prompt
+    pc = [{"prompt": [{"role": "user", "content": long_question}],
+           "completion": [{"role": "assistant", "content": "x"}]}]
+    prep = D.prepare_sft(str(write_jsonl(tmp_path / "pc.jsonl", PROMPT_COMPLETION_MSGS + pc)), make_tokenizer(),
+                         max_length=max_length)
+    assert prep.dropped == {"prompt fills --max-length": 1} and prep.n_train == len(PROMPT_COMPLETION_MSGS)
+
+
+def test_nothing_left_after_dropping_is_a_data_error(tmp_path, tokenizer):
+    rows = [{"prompt": f"p{i}", "chosen": "same", "rejected": "same"} for i in range(3)]
+    with pytest.raises(DataError, match=r"nothing left to train on: all 3 rows were dropped \(3 chosen = rejected\)"):
+        D.prepare_dpo(str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer)
+    rows = [{"messages": [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "y"}]}] * 2
+    with pytest.raises(DataError, match=r"all 2 rows were dropped \(2 prompt ≥ --max-length"):
+        D.prepare_sft(str(write_jsonl(tmp_path / "m.jsonl", rows)), make_tokenizer(), max_length=16)
+
+
+@pytest.mark.smoke
+def test_cli_banner_counts_dropped_rows_and_exits_1_when_none_is_left(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from posttrainllm.cli import app
+
+    runner = CliRunner()
+    rows = [{"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"{i}" if i % 3 == 0 else f"no {i}"}
+            for i in range(9)]
+    data = write_jsonl(tmp_path / "prefs.jsonl", rows)
+    r = runner.invoke(app, ["dpo", "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir",
+                            str(tmp_path / "o"), "--dry-run", "--max-length", "64"])
+    assert r.exit_code == 0, r.output
+    assert "6 train" in r.output and "dropped 3 degenerate rows (3 chosen = rejected)" in " ".join(r.output.split())
+    same = write_jsonl(tmp_path / "same.jsonl", [dict(row, rejected=row["chosen"]) for row in rows])
+    r = runner.invoke(app, ["dpo", "--model", str(tiny_model_dir), "--dataset", str(same), "--output-dir",
+                            str(tmp_path / "o2"), "--max-steps", "1", "--max-length", "64"])
+    assert r.exit_code == 1 and "nothing left to train on" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "o2" / "model.safetensors").exists()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +11,7 @@ from data_samples import (  # noqa: F401 - fixtures and samples
     make_tokenizer, tokenizer, write_json, write_jsonl,
 )
 from posttrainllm import data as D
-from posttrainllm.errors import DataError, PosttrainError, UsageError
+from posttrainllm.errors import DataError
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -101,3 +99,106 @@ def test_prepare_text_eval_source(tmp_path, tokenizer):
     b.write_text("Hello world. " * 10)
     prep = D.prepare_text(str(a), tokenizer, max_length=8, eval_source=str(b), max_samples=3)
     assert prep.n_train == 3 and prep.n_eval >= 1 and prep.block_size == 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Token blocks in Arrow: carried across batches, long documents in pieces
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _reference_blocks(tokenizer, docs, max_length):
+    ids = []
+    for d in docs:
+        ids += tokenizer(d)["input_ids"] + [tokenizer.eos_token_id]
+    return [ids[i * max_length : (i + 1) * max_length] for i in range(len(ids) // max_length)]
+
+
+def test_blocks_are_consecutive_across_batches_and_document_pieces(tmp_path, tokenizer, monkeypatch):
+    from posttrainllm.data import reading, text
+
+    docs = [f"Hello world {i}. " * (1 + i % 9) + "The quick brown fox\njumps over the lazy dog.\n" * (i % 4)
+            for i in range(120)]
+    path = str(write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs]))
+    monkeypatch.setattr(text, "BLOCK_BATCH_TOKENS", 50)  # many grouping batches: the remainder is carried over
+    monkeypatch.setattr(reading, "TXT_PIECE_BYTES", 60)  # long documents are cut into pieces before tokenizing
+    monkeypatch.setattr(text, "PIECE_CHARS", 40)
+    prep = D.prepare_text(path, tokenizer, max_length=16)
+    assert prep.train["input_ids"] == _reference_blocks(tokenizer, docs, 16)
+    assert all(row["labels"] == row["input_ids"] for row in prep.train)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --dataset-num-proc and --streaming
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_num_proc_gives_the_same_rows_and_blocks(tmp_path, tokenizer):
+    rows = [dict(r, instruction=f"{r['instruction']} #{i}") for i, r in enumerate(ALPACA * 30)]
+    path = str(write_jsonl(tmp_path / "a.jsonl", rows))
+    one = D.prepare_sft(path, tokenizer, eval_split=0.1, num_proc=1)
+    two = D.prepare_sft(path, make_tokenizer(), eval_split=0.1, num_proc=2)
+    assert two.train.to_list() == one.train.to_list() and two.eval.to_list() == one.eval.to_list()
+    docs = str(write_jsonl(tmp_path / "t.jsonl", [{"text": f"Hello world {i}. " * 3} for i in range(300)]))
+    blocks = D.prepare_text(docs, tokenizer, max_length=8, num_proc=2)
+    assert blocks.train["input_ids"] == D.prepare_text(docs, tokenizer, max_length=8).train["input_ids"]
+
+
+def _multiset(rows):
+    return sorted(json.dumps(r, sort_keys=True) for r in rows)
+
+
+def test_streaming_sft_gives_the_same_rows_with_eval_from_the_head(tmp_path, tokenizer):
+    rows = MESSAGES * 10 + [{"messages": [{"role": "user", "content": "no answer"}]}]
+    path = str(write_jsonl(tmp_path / "m.jsonl", rows))
+    full = D.prepare_sft(path, tokenizer)
+    stream = D.prepare_sft(path, make_tokenizer(), streaming=True)
+    assert stream.n_train is None and stream.eval is None and stream.streaming
+    assert _multiset(stream.train) == _multiset(full.train)  # converted, degenerate row dropped, shuffled
+    # eval_split: the fraction of the rows training reads (stream_rows), taken from the head of the stream
+    split = D.prepare_sft(path, make_tokenizer(), streaming=True, eval_split=0.2, stream_rows=16)
+    assert split.n_eval == 4 and split.eval.to_list() == full.train.to_list()[:4]
+    assert _multiset(split.train) == _multiset(full.train.to_list()[4:])
+    assert D.describe(split) == ("m.jsonl · messages → messages · streamed, first 4 rows held out for eval"
+                                 " · degenerate rows dropped as they stream")
+    # --max-samples counts records of the stream; --eval-dataset is read as a dataset
+    capped = D.prepare_sft(path, make_tokenizer(), streaming=True, max_samples=3, eval_source=path)
+    assert len(list(capped.train)) == 3 and capped.n_eval == full.n_train
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_streaming_text_gives_the_same_blocks(tmp_path, tokenizer, suffix):
+    text = "".join(f"line {i}: the quick brown fox\n" for i in range(200))
+    path = tmp_path / f"corpus{suffix}"
+    if suffix == ".txt":
+        path.write_text(text)
+    else:
+        write_jsonl(path, [{"text": text[i : i + 500]} for i in range(0, len(text), 500)])
+    full = D.prepare_text(str(path), tokenizer, max_length=16)
+    stream = D.prepare_text(str(path), tokenizer, max_length=16, streaming=True, eval_split=0.1, stream_rows=90)
+    assert stream.n_eval == 10 and stream.eval["input_ids"] == full.train["input_ids"][:10]
+    assert _multiset(stream.train) == _multiset(full.train.to_list()[10:])
+    assert D.describe(stream) == (f"corpus{suffix} · text → 16-token blocks · streamed, "
+                                  "first 10 blocks held out for eval")
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("command", ["sft", "finetune"])
+def test_cli_streaming_trains_with_eval_and_replay(command, tiny_model_dir, alpaca_file, text_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from posttrainllm.cli import app
+
+    data = alpaca_file if command == "sft" else text_file
+    args = [command, "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(tmp_path / "o"),
+            "--streaming", "--batch-size", "2", "--max-length", "256" if command == "sft" else "64",
+            "--eval-split", "0.2", "--replay-dataset",
+            str(text_file), "--replay-ratio", "0.25", "--dataset-num-proc", "2"]
+    runner = CliRunner()
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "--streaming needs --max-steps" in r.output
+    r = runner.invoke(app, args + ["--max-steps", "3"])
+    assert r.exit_code == 0, r.output
+    results = json.loads((tmp_path / "o" / "eval_results.json").read_text())
+    assert results["train"]["eval_loss"] > 0
+    assert json.loads((tmp_path / "o" / "trainer_state.json").read_text())["global_step"] == 3
+    assert "streamed, first 2" in r.output  # eval = 0.2 / 0.8 × (3 steps × 2 rows) rows from the head

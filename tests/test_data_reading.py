@@ -179,7 +179,8 @@ def test_txt_is_read_in_pieces_cut_where_tokenization_does_not_change(tmp_path, 
     from posttrainllm.data import reading
     from posttrainllm.data.text import Tokenize
 
-    lines = [("    " * (i % 3)) + f"def f{i}(x):  # the quick brown fox\n" + ("\n" if i % 5 == 0 else "") for i in range(300)]
+    lines = [("    " * (i % 3)) + f"def f{i}(x):  # the quick brown fox\n" + ("\n" if i % 5 == 0 else "")
+             for i in range(300)]
     text = "".join(lines)
     path = tmp_path / "code.txt"
     path.write_text(text, encoding="utf-8")
@@ -194,7 +195,8 @@ def test_txt_is_read_in_pieces_cut_where_tokenization_does_not_change(tmp_path, 
     # Tokenizing the pieces one by one gives exactly the ids of the whole text (byte-level BPE).
     pieced = [i for p in pieces for i in tokenizer(p["text"], add_special_tokens=False)["input_ids"]]
     assert pieced == tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert list(Tokenize(tokenizer, "code.txt").encode([text])[0]) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert list(Tokenize(tokenizer, "code.txt").encode([text])[0]) == whole
 
 
 _LONG_RECORD_SCRIPT = r"""

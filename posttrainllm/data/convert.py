@@ -192,7 +192,34 @@ def fast_batch(table, conv: Converter, indices) -> FastBatch | None:
         return None
     if conv.fmt == "prompt_completion" and conv.conversational:
         return None
-    return fn(table, conv, indices)
+    fast = fn(table, conv, indices)
+    if fast is not None:
+        empty = _empty_records(table)
+        if empty.any():  # every value null or blank: the reference's reason
+            import numpy as np
+            import pyarrow as pa
+
+            reasons = np.where(empty, F.EMPTY_RECORD, np.asarray(fast.reasons.to_pylist(), dtype=object))
+            fast.reasons = pa.array(reasons, type=pa.string())
+    return fast
+
+
+def _empty_records(table):
+    """Rows whose values are all null or blank strings (what formats.is_empty_record says)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    empty = np.ones(table.num_rows, dtype=bool)
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        blank = pc.is_null(col)
+        if col.type == pa.string():
+            blank = pc.or_(blank, pc.fill_null(_blank(col), True))
+        empty &= blank.to_numpy(zero_copy_only=False)
+        if not empty.any():
+            break
+    return empty
 
 
 def _fast_alpaca(table, conv, indices):
@@ -223,7 +250,8 @@ def _fast_alpaca(table, conv, indices):
         if not _is_str(system):
             return None
         trimmed = pc.utf8_trim_whitespace(pc.fill_null(system, ""))
-        prompt = pc.if_else(pc.invert(_blank(trimmed)), pc.binary_join_element_wise(trimmed, "\n\n", prompt, ""), prompt)
+        with_system = pc.binary_join_element_wise(trimmed, "\n\n", prompt, "")
+        prompt = pc.if_else(pc.invert(_blank(trimmed)), with_system, prompt)
     reasons = _reasons(_blank(out).to_numpy(zero_copy_only=False), F.EMPTY_COMPLETION)
     return FastBatch({"prompt": prompt, "completion": out}, reasons, changed=True)
 
@@ -371,8 +399,8 @@ def convert_dataset(ds, fmt: str, source: str, *, conversational: bool, budget=N
         features = target_features(fmt, conversational)
         src = ds if has_json_feature(ds.features) else ds.with_format("arrow")
         out = src.map(
-            conv, batched=True, with_indices=True, batch_size=MAP_BATCH, num_proc=num_proc if (num_proc or 1) > 1 else None,
-            remove_columns=ds.column_names, features=features, desc="Converting",
+            conv, batched=True, with_indices=True, batch_size=MAP_BATCH, remove_columns=ds.column_names,
+            num_proc=num_proc if (num_proc or 1) > 1 else None, features=features, desc="Converting",
         ).with_format(None)
         reasons = out.data.column(DROP)
         out = out.remove_columns(DROP)

@@ -34,12 +34,9 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from ..errors import DataError, PosttrainError, UsageError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import datasets
 
 DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".txt")
 # A .txt file is one document read in pieces: these columns say where the document starts and ends.
