@@ -271,10 +271,16 @@ def test_arrow_fast_paths_give_the_reference_rows(fmt, records):
 
 
 def test_fast_path_leaves_bad_records_to_the_reference_errors(tmp_path, tokenizer):
+    import pyarrow as pa
+
+    from posttrainllm.data.convert import Converter, fast_batch
+
     rows = ALPACA[:2] + [{"instruction": "  ", "input": "", "output": "x"}]
+    assert fast_batch(pa.Table.from_pylist(rows), Converter("alpaca", "a.jsonl", False), range(3)) is None
     with pytest.raises(DataError, match=r"record 3: 'instruction' is empty"):
         D.prepare_sft(str(write_jsonl(tmp_path / "a.jsonl", rows)), tokenizer)
     rows = MESSAGES[:2] + [{"messages": [{"role": "narrator", "content": "x"}]}]
+    assert fast_batch(pa.Table.from_pylist(rows), Converter("messages", "m.jsonl", True), range(3)) is None
     with pytest.raises(DataError, match=r"record 3: unknown role 'narrator'"):
         D.prepare_sft(str(write_jsonl(tmp_path / "m.jsonl", rows)), make_tokenizer())
 

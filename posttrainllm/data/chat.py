@@ -52,39 +52,56 @@ class CompletionBudget:
     """Does a conversational SFT row keep at least one completion token once truncated to `max_length`?
 
     TRL truncates every tokenized conversation to max_length; a row whose prompt part (see `prompt_part`) already
-    fills it trains on prompt tokens only. The check is cheap for most rows: a token covers at least one byte, so a
-    prompt part of fewer bytes than max_length (plus the template's own text, measured once per role) fits; a
-    token never spans two whitespace-separated words, so a prompt part of max_length words or more never fits
-    (used only above 256 KiB, where rendering and tokenizing would cost memory). Rows in between are rendered with
-    the chat template and tokenized.
+    fills it trains on prompt tokens only. Deciding that for every row by rendering the template and tokenizing
+    would cost as much as TRL's own tokenization, so it goes in three steps:
+
+    1. a token covers at least one byte: a prompt part whose contents have fewer bytes than max_length, plus the
+       template's own text (measured with empty contents, doubled), fits. Most rows stop here.
+    2. the other rows' contents are tokenized in one batched call: a sum of content tokens that stays below (or
+       reaches) max_length with a margin for the template's tokens and for merges at its boundaries (4 tokens a
+       message, 16 more for special tokens) decides the row;
+    3. rows within that margin are rendered with the chat template and tokenized: exact.
+
+    A prompt part above 256 KiB with max_length whitespace-separated words or more never fits (a token never spans
+    two words): decided without tokenizing it.
     """
 
     SLACK = 16  # special tokens a template or tokenizer may add around the text
+    MARGIN = 4  # tokens per message: merges and splits where a content meets the template's text
     WORDS_ABOVE = 256 << 10
 
     def __init__(self, tokenizer: Any, max_length: int):
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
-        self.base, self.per_message = self._template_bytes()
+        self.base, self.per_message, self.base_tokens, self.per_message_tokens = self._template_sizes()
 
     def _render(self, messages: list[dict], generation: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
 
-    def _template_bytes(self) -> tuple[int, int]:
-        """Bytes the template adds: at most `base` for the first message plus the generation prompt, and at most
-        `per_message` for each further message (measured with empty contents, doubled for safety)."""
-        base = per = 0
+    def _count(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        from .text import encode_batch
+
+        return [len(x) for x in encode_batch(self.tokenizer, texts)]
+
+    def _template_sizes(self) -> tuple[int, int, int, int]:
+        """What the template adds, in bytes and in tokens: at most `base` for the first message plus the generation
+        prompt, and at most `per_message` for each further message (empty contents, every role; doubled)."""
+        sizes = [0, 0, 0, 0]
         for role in ("system", "user", "assistant", "tool"):
             try:
                 one = [{"role": role, "content": ""}]
-                base = max(base, len(self._render(one, True).encode()))
-                per = max(per, len(self._render(one, False).encode()))
+                first, more = self._render(one, True), self._render(one, False)
             except Exception:  # noqa: BLE001 - a template may refuse a role on its own; the others still count
                 continue
-        return 2 * base, 2 * per
+            counts = self._count([first, more])
+            for k, v in enumerate((len(first.encode()), len(more.encode()), counts[0], counts[1])):
+                sizes[k] = max(sizes[k], 2 * v)
+        return sizes[0], sizes[1], sizes[2], sizes[3]
 
     def upper_bound(self, content_bytes: int, n_messages: int) -> int:
-        """Most tokens a prompt part with these content bytes and messages can have."""
+        """Most tokens a prompt part with these content bytes and messages can have (step 1)."""
         return content_bytes + self.base + max(0, n_messages - 1) * self.per_message + self.SLACK
 
     def prompt_tokens(self, messages: list[dict], where: str = "") -> int:
@@ -101,9 +118,31 @@ class CompletionBudget:
         content_bytes = sum(len(m["content"].encode()) for m in prompt)
         if self.upper_bound(content_bytes, len(prompt)) < self.max_length:
             return False
-        return self.exact(prompt, content_bytes, where)
+        return self.decide([prompt], [content_bytes], [where])[0]
 
-    def exact(self, prompt: list[dict], content_bytes: int, where: str = "") -> bool:
-        if content_bytes > self.WORDS_ABOVE and sum(len(m["content"].split()) for m in prompt) >= self.max_length:
-            return True
-        return self.prompt_tokens(prompt, where) >= self.max_length
+    def decide(self, prompts: list[list[dict]], content_bytes: list[int], wheres: list[str]) -> list[bool]:
+        """Steps 2 and 3 for prompt parts that step 1 could not clear: True where no completion token survives."""
+        L = self.max_length
+        out: list[bool | None] = [None] * len(prompts)
+        texts, owners = [], []
+        for i, (prompt, nbytes) in enumerate(zip(prompts, content_bytes)):
+            if nbytes > self.WORDS_ABOVE and sum(len(m["content"].split()) for m in prompt) >= L:
+                out[i] = True
+                continue
+            for m in prompt:
+                texts.append(m["content"])
+                owners.append(i)
+        tokens = [0] * len(prompts)
+        for owner, n in zip(owners, self._count(texts)):
+            tokens[owner] += n
+        for i, prompt in enumerate(prompts):
+            if out[i] is not None:
+                continue
+            n = len(prompt)
+            if tokens[i] - self.MARGIN * n >= L:
+                out[i] = True
+            elif tokens[i] + self.base_tokens + max(0, n - 1) * self.per_message_tokens + self.MARGIN * n + self.SLACK < L:
+                out[i] = False
+            else:
+                out[i] = self.prompt_tokens(prompt, wheres[i]) >= L
+        return [bool(x) for x in out]

@@ -358,10 +358,16 @@ def _budget_reasons(conv, indices, reasons, row_has, has, parents, lengths, role
     prompt_bytes = np.bincount(parents[in_prompt], weights=nbytes[in_prompt], minlength=n)
     prompt_msgs = np.bincount(parents[in_prompt], minlength=n)
     upper = prompt_bytes + budget.base + np.maximum(prompt_msgs - 1, 0) * budget.per_message + budget.SLACK
-    for i in np.flatnonzero(row_has & (upper >= budget.max_length)):
+    unclear = np.flatnonzero(row_has & (upper >= budget.max_length))
+    if not len(unclear):
+        return
+    prompts = []
+    for i in unclear:
         s = int(starts[i])
-        prompt = [{"role": roles[s + k].as_py(), "content": contents[s + k].as_py()} for k in range(int(first[i]))]
-        if budget.exact(prompt, int(prompt_bytes[i]), F.where(conv.source, indices[i])):
+        prompts.append([{"role": roles[s + k].as_py(), "content": contents[s + k].as_py()} for k in range(int(first[i]))])
+    wheres = [F.where(conv.source, indices[i]) for i in unclear]
+    for i, full in zip(unclear, budget.decide(prompts, [int(prompt_bytes[i]) for i in unclear], wheres)):
+        if full:
             reasons[i] = F.TOO_LONG_PROMPT
 
 

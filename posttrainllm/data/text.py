@@ -46,6 +46,16 @@ def split_text(text: str, limit: int = PIECE_CHARS) -> list[str]:
     return list(iter_split(text, limit))
 
 
+def encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text without special tokens: the Rust tokenizer's `encode_batch_fast` (no offsets) when
+    the tokenizer is a fast one, else the tokenizer's own call."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
+    if fast is not None and getattr(tokenizer, "is_fast", False):
+        return [e.ids for e in fast(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+
+
 def special_affixes(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a text (e.g. ([bos], []))."""
     with_special = list(tokenizer("a", verbose=False)["input_ids"])
@@ -82,8 +92,7 @@ class Tokenize:
         size = 0
 
         def flush():
-            ids = self.tokenizer([p for _, p in buffer], add_special_tokens=False, return_attention_mask=False,
-                                 verbose=False)["input_ids"]
+            ids = encode_batch(self.tokenizer, [p for _, p in buffer])
             lengths = [len(x) for x in ids]
             flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(lengths))
             return zip((t for t, _ in buffer), np.split(flat, np.cumsum(lengths)[:-1]))
