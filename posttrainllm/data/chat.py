@@ -56,7 +56,7 @@ class CompletionBudget:
     would cost as much as TRL's own tokenization, so it goes in three steps:
 
     1. a token covers at least one byte: a prompt part whose contents have fewer bytes than max_length, plus the
-       template's own text (measured with empty contents, doubled), fits. Most rows stop here.
+       template's own text (measured with empty contents) and 16, fits. Most rows stop here.
     2. the other rows' contents are tokenized in one batched call: a sum of content tokens that stays below (or
        reaches) max_length with a margin for the template's tokens and for merges at its boundaries (4 tokens a
        message, 16 more for special tokens) decides the row;
@@ -87,7 +87,7 @@ class CompletionBudget:
 
     def _template_sizes(self) -> tuple[int, int, int, int]:
         """What the template adds, in bytes and in tokens: at most `base` for the first message plus the generation
-        prompt, and at most `per_message` for each further message (empty contents, every role; doubled)."""
+        prompt, and at most `per_message` for each further message (measured with empty contents, every role)."""
         sizes = [0, 0, 0, 0]
         for role in ("system", "user", "assistant", "tool"):
             try:
@@ -97,7 +97,7 @@ class CompletionBudget:
                 continue
             counts = self._count([first, more])
             for k, v in enumerate((len(first.encode()), len(more.encode()), counts[0], counts[1])):
-                sizes[k] = max(sizes[k], 2 * v)
+                sizes[k] = max(sizes[k], v)
         return sizes[0], sizes[1], sizes[2], sizes[3]
 
     def upper_bound(self, content_bytes: int, n_messages: int) -> int:

@@ -133,6 +133,9 @@ _WITH_INPUT = _split_template(F.ALPACA_PROMPT)
 _NO_INPUT = _split_template(F.ALPACA_PROMPT_NO_INPUT)
 _ROLE_KEYS = list(F.ROLE_MAP)
 _ROLE_VALUES = [F.ROLE_MAP[k] for k in _ROLE_KEYS]
+_CANONICAL_ROLES = sorted(set(_ROLE_VALUES))
+# A character that is not whitespace by Python's str.isspace (RE2's \s alone is ASCII): checked for U+0000-U+FFFF.
+_NOT_SPACE = r"[^\t\n\x{0b}\f\r\x{1c}-\x{1f}\x{85}\p{Z}]"
 
 
 def _column(table, name: str):
@@ -152,9 +155,10 @@ def _absent(arr) -> bool:
 
 
 def _blank(arr):
+    """Empty or whitespace only (str.isspace's whitespace), without building trimmed copies; null stays null."""
     import pyarrow.compute as pc
 
-    return pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(arr)), 0)
+    return pc.invert(pc.match_substring_regex(arr, _NOT_SPACE))
 
 
 def _reasons(mask, reason: str):
@@ -318,16 +322,22 @@ def _fast_conversation(table, conv, indices, column: str, role_key: str, content
     role, content = pc.struct_field(flat, role_key), pc.struct_field(flat, content_key)
     if role.null_count:
         return None
-    idx = pc.index_in(pc.utf8_lower(pc.utf8_trim_whitespace(role)), value_set=_pa_strings(*_ROLE_KEYS))
-    if idx.null_count:
-        return None
-    mapped = pc.take(_pa_strings(*_ROLE_VALUES), idx)
-    changed = (column != "messages" or set(names) != {"role", "content"} or content.null_count > 0
-               or not pc.all(pc.equal(mapped, role)).as_py())
+    if pc.all(pc.is_in(role, value_set=_pa_strings(*_CANONICAL_ROLES))).as_py():
+        mapped, renamed = role, False  # the usual case: nothing to map
+    else:
+        idx = pc.index_in(pc.utf8_lower(pc.utf8_trim_whitespace(role)), value_set=_pa_strings(*_ROLE_KEYS))
+        if idx.null_count:
+            return None
+        mapped, renamed = pc.take(_pa_strings(*_ROLE_VALUES), idx), True
+    changed = column != "messages" or set(names) != {"role", "content"} or content.null_count > 0 or renamed
     content = pc.fill_null(content, "")
     parents = np.repeat(np.arange(n), lengths)
     is_asst = pc.equal(mapped, "assistant").to_numpy(zero_copy_only=False)
-    has = is_asst & ~_blank(content).to_numpy(zero_copy_only=False)
+    # content with a non-space character, looked at only for assistant messages
+    has = is_asst.copy()
+    if is_asst.any():
+        asst = np.flatnonzero(is_asst)
+        has[asst] = pc.match_substring_regex(pc.take(content, pa.array(asst)), _NOT_SPACE).to_numpy(zero_copy_only=False)
     row_has = np.bincount(parents[has], minlength=n) > 0
     reasons = np.where(row_has, None, F.NO_ASSISTANT).astype(object)
     if conv.budget is not None and row_has.any():
