@@ -166,6 +166,7 @@ OPTIONS: tuple[Opt, ...] = (
     Opt("lora_targets", str, "all-linear", "Comma-separated module names for LoRA (e.g. q_proj,v_proj) or all-linear.", POST_TRAINING, metavar="NAMES", panel="LoRA"),
     # forgetting
     Opt("ood_eval", list, [], "Text file whose perplexity is measured before and after training (repeatable).", POST_TRAINING, metavar="FILE", panel="Forgetting"),
+    Opt("train_on_prompt", bool, False, "Put the SFT loss on every token: system and user turns and role headers of conversations, the prompt of prompt/completion rows (default: the assistant's words only).", ("sft",)),
     Opt("replay_dataset", str, None, "Pre-training-style text mixed into the training data against forgetting.", ("sft", "finetune"), metavar="FILE", panel="Forgetting"),
     Opt("replay_ratio", float, 0.0, "Fraction of training rows taken from --replay-dataset.", ("sft", "finetune"), fraction_below_one, "FRACTION", panel="Forgetting"),
     # run control
@@ -274,6 +275,7 @@ class RunConfig:
     loraplus_ratio: float | None = None
     # forgetting
     ood_eval: list[str] | None = None
+    train_on_prompt: bool | None = None
     replay_dataset: str | None = None
     replay_ratio: float | None = None
     # run control

@@ -153,6 +153,9 @@ def _prepare_data(cfg, tokenizer):
         prepared.train = data.mix_replay(prepared.train, replay, cfg.replay_ratio, cfg.seed)
         if not cfg.streaming:
             prepared.n_train = len(prepared.train)
+    if cfg.command == "sft":  # after replay: replay rows are masked like the others (their text is all trained)
+        prepared.loss = data.apply_loss_mask(prepared, tokenizer, train_on_prompt=cfg.train_on_prompt,
+                                             num_proc=cfg.dataset_num_proc)
     return prepared
 
 
@@ -243,6 +246,7 @@ def _train(cfg, run_dir, resume_from) -> None:
     info = {
         "model": f"{cfg.model} ({type(model).__name__}, {plan.num_layers} blocks, {banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
         "data": describe(prepared),
+        "loss on": prepared.loss.description if prepared.loss is not None else None,
         "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, max length {cfg.max_length})",
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
         "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}" if cfg.lora_r else None,
@@ -275,7 +279,7 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
 
     guard = checkpoints.InterruptGuard()
     callbacks = [checkpoints.make_callback(guard)]
-    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, plan=plan, ref_model=ref_model, callbacks=callbacks)
+    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, plan=plan, ref_model=ref_model, callbacks=callbacks, loss=prepared.loss)
     if cfg.report_to in ("tensorboard", "all"):
         run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
     baseline = None

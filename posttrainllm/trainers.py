@@ -415,7 +415,7 @@ FIRST_CLASS = {
     "bf16": "--precision", "fp16": "--precision", "activation_checkpointing": "--gradient-checkpointing",
     "gradient_checkpointing": "--gradient-checkpointing", "output_dir": "--output-dir", "max_length": "--max-length",
     "beta": "--beta", "report_to": "--report-to", "ddp_timeout": "--ddp-timeout", "dataset_num_proc": "--dataset-num-proc",
-    "resume_from_checkpoint": "--resume", "overwrite_output_dir": "--overwrite",
+    "resume_from_checkpoint": "--resume", "overwrite_output_dir": "--overwrite", "assistant_only_loss": "--train-on-prompt",
 }
 
 
@@ -549,12 +549,17 @@ def coerce(value: Any, hint: Any) -> Any:
     raise ValueError
 
 
-def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
+def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None):
     """The SFTConfig / DPOConfig / TrainingArguments of a run: posttrainllm's settings, then the user's
-    --trainer-arg values; every argument must exist in the installed version."""
+    --trainer-arg values; every argument must exist in the installed version. `loss`: the SFT data's LossMask
+    (what the loss falls on, data.apply_loss_mask)."""
     args = common_args(cfg, precision, has_eval=has_eval)
     if kind == "sft":
         args.update(max_length=cfg.max_length, packing=False, dataset_num_proc=_num_proc(cfg))
+        if loss is not None:
+            args["assistant_only_loss"] = loss.assistant_only_loss
+            if loss.completion_only_loss is not None:
+                args["completion_only_loss"] = loss.completion_only_loss
     elif kind == "dpo":
         args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
     extra = check_trainer_args(kind, cfg.trainer_args or {})
@@ -566,9 +571,9 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool):
         raise UsageError(f"--trainer-arg {', '.join(extra)}: {str(e).splitlines()[0][:300]}") from None
 
 
-def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=()):
+def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=(), loss=None):
     """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed and the run's plan."""
-    conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None)
+    conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
     common = dict(args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
     if kind == "sft":
         from trl import SFTTrainer

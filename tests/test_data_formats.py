@@ -227,7 +227,10 @@ def test_default_chat_template_applied_and_renders(tmp_path, tokenizer):
     assert prompt.endswith("<|im_start|>assistant\n") and text.startswith(prompt)
     ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"]
     assert ids.count(tokenizer.eos_token_id) == 1
-    assert "{% generation %}" not in D.DEFAULT_CHAT_TEMPLATE
+    marked = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert tokenizer.decode([t for t, m in zip(marked["input_ids"], marked["assistant_masks"]) if m]) == (
+        "It is blue.<|im_end|><|endoftext|>"  # the generation markers hold the assistant's words, end of turn included
+    )
 
 
 def test_existing_chat_template_is_kept(tmp_path, tokenizer):

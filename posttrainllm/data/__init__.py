@@ -18,7 +18,8 @@ One module per concern:
 ``formats``    format detection from the columns and first rows; converting one record; degenerate-row reasons
 ``convert``    converting a whole dataset: batched ``Dataset.map`` (``num_proc``) or a stream, vectorized Arrow
                paths for the common shapes, degenerate rows dropped and counted
-``chat``       the default chat template, and what a template leaves of a conversation at a ``--max-length``
+``chat``       the default chat template (with generation markers), the assistant spans of any template, and what a
+               template leaves of a conversation at a ``--max-length``
 ``text``       raw text -> token blocks (batched tokenization, grouping in Arrow); text batches for tokenizers
 ``prepare``    ``prepare_sft`` / ``prepare_dpo`` / ``prepare_text``, splits, eval sets, ``describe``
 ``replay``     replay mixing for sft rows and token blocks, datasets and streams
@@ -37,7 +38,7 @@ from .formats import (
     convert_records,
     detect_format,
 )
-from .prepare import PreparedData, describe, prepare_dpo, prepare_sft, prepare_text
+from .prepare import LossMask, PreparedData, apply_loss_mask, describe, prepare_dpo, prepare_sft, prepare_text
 from .reading import load, read_records
 from .replay import mix_replay
 from .text import iter_texts, load_texts
@@ -50,6 +51,8 @@ __all__ = [
     "ALPACA_PROMPT",
     "ALPACA_PROMPT_NO_INPUT",
     "PreparedData",
+    "LossMask",
+    "apply_loss_mask",
     "load",
     "load_texts",
     "iter_texts",

@@ -3,6 +3,7 @@ at a given --max-length (all chat-template logic lives here)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import DataError
@@ -13,17 +14,78 @@ from ..errors import DataError
 #   * an assistant turn is followed by the tokenizer's eos token (when it has one) right after `<|im_end|>`, so a
 #     model trained on it learns to stop with the default generation settings (the ChatML markers are ordinary
 #     text for a tokenizer that does not have them as special tokens, so `<|im_end|>` alone would not stop it);
-#   * no default system prompt, no tool-call rendering, no BOS token, no `{% generation %}` markers.
+#   * `{% generation %}` markers around what the assistant says (its content, `<|im_end|>` and eos), so that the
+#     loss can fall on the assistant's words only (TRL's assistant_only_loss); the header `<|im_start|>assistant\n`
+#     and every other turn are prompt;
+#   * no default system prompt, no tool-call rendering, no BOS token.
 # The prompt rendered with `add_generation_prompt=True` is a prefix of the full conversation rendered without it,
 # which is what TRL's prompt/completion and preference tokenisation relies on.
 DEFAULT_CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' -}}"
-    "{%- if message['role'] == 'assistant' and eos_token is defined and eos_token -%}{{- eos_token -}}{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- generation -%}"
+    "{{- message['content'] + '<|im_end|>' -}}"
+    "{%- if eos_token is defined and eos_token -%}{{- eos_token -}}{%- endif -%}"
+    "{%- endgeneration -%}"
     "{{- '\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
+_GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_markers(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template marks the assistant's words with `{% generation %}`."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return bool(template) and _GENERATION_MARKER.search(template) is not None
+
+
+class AssistantSpans:
+    """Token ids and the assistant mask of a conversation, for any chat template, from the template itself.
+
+    The conversation is rendered prefix by prefix, the way LLaMA-Factory finds its targets: for every assistant
+    message k, the tokens of `messages[:k]` with the generation prompt mark where it starts, and the tokens of
+    `messages[:k + 1]` where it ends; both must be prefixes of the whole conversation's tokens. Everything in
+    between (the assistant's words and the template's end-of-turn tokens) gets mask 1; system, user and tool turns
+    and the role headers get 0. A template for which a prefix does not tokenize as a prefix (it rewrites earlier
+    turns, or a token spans a turn boundary) cannot be masked this way: DataError, never a silent fallback.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def _ids(self, messages: list[dict], generation: bool) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def __call__(self, messages: list[dict], where: str = "a conversation") -> tuple[list[int], list[int]]:
+        full = self._ids(messages, False)
+        mask = [0] * len(full)
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            try:
+                start = self._ids(messages[:k], True) if k else self._ids([], True)
+            except Exception:  # noqa: BLE001 - a template that cannot render an empty conversation: from the top
+                start = []
+            end = self._ids(messages[: k + 1], False)
+            for part, what in ((start, "up to the assistant's turn"), (end, "through the assistant's turn")):
+                if full[: len(part)] != part:
+                    raise DataError(
+                        f"{where}: the chat template renders message {k + 1} in a way that makes the assistant's "
+                        f"tokens impossible to locate (the conversation {what} does not tokenize as a prefix of the "
+                        "whole conversation), so the loss cannot be limited to the assistant's words; use a chat "
+                        "template with {% generation %} markers, or pass --train-on-prompt to train on every token"
+                    )
+            for i in range(len(start), len(end)):
+                mask[i] = 1
+        return full, mask
 
 
 def ensure_chat_template(tokenizer: Any) -> str | None:
