@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from posttrainllm.constants import TIED_POLICIES
-from posttrainllm.errors import ConfigErrors, UsageError
+from posttrainllm.errors import ConfigErrors, UsageError, shorten
+from posttrainllm.refs import looks_local
 
 POST_TRAINING = ("sft", "dpo", "finetune")  # start from a model
 TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
@@ -389,12 +390,6 @@ def quote(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def shorten(text: Any, limit: int = 120) -> str:
-    """A path or name for an error message, cut to a prefix when it is long."""
-    text = str(text)
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
-
-
 def special_file(path: str) -> str | None:
     """What a path is when it exists but is neither a regular file nor a directory (reading it could block forever
     or never end), else None. Checked before anything opens it."""
@@ -610,7 +605,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
     for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):
         path = v.get(key)
-        if path and _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+        if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")
     # inputs that are read: a FIFO, socket or device would block forever or never end, so refuse before opening
     named = [(k, v.get(k)) for k in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "model_config")]
@@ -648,12 +643,3 @@ def producing_recipe(recipe: str | None, ref: str) -> str | None:
                 command = first[0][2:].strip() if first and first[0].startswith("# posttrainllm ") else f"posttrainllm ... --recipe {f}"
                 return f"{ref} is what recipe {f} produces: run `{command}` first, or pass --model"
     return None
-
-
-def _looks_local(ref: str) -> bool:
-    """A path the user means as local (not a hub id like 'owner/name')."""
-    if os.path.exists(os.path.expanduser(ref)):
-        return True
-    if ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1:
-        return True
-    return Path(ref).suffix.lower() in (".json", ".jsonl", ".csv", ".parquet", ".txt", ".yaml", ".yml", ".safetensors", ".bin")

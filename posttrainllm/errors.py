@@ -45,3 +45,17 @@ class ModelError(PosttrainError):
 
 class ModelStructureError(ModelError):
     """The decoder block list (or embeddings/head) of a model could not be resolved. Exit code 1."""
+
+
+# -- messages for people are one line and short -------------------------------------------------------------------
+def one_line(error: BaseException | str, limit: int = 300) -> str:
+    """An exception's text (or any text) on one line, at most `limit` characters; the type name when it is empty."""
+    text = " ".join(str(error).split()) or (type(error).__name__ if isinstance(error, BaseException) else "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shorten(text, limit: int = 120) -> str:
+    """A path, name or value for an error message, cut to a prefix when it is long (an 80 MB line quotes 120 chars)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from posttrainllm.errors import DataError, ModelError, UsageError
+from posttrainllm.errors import DataError, ModelError, UsageError, one_line
 
 # Number of sequence positions whose logits are converted to float32 at a time (bounds memory for big vocabularies).
 _NLL_CHUNK = 1024
@@ -507,40 +507,24 @@ def forgetting_report(before: dict, after: dict) -> dict:
 # ------------------------------------------------------------------------------------------------- loading
 
 
-def _looks_like_local_path(model_path: str) -> bool:
-    """A hub id is ``name`` or ``org/name``; anything else (./x, /x, ~/x, a/b/c, a\\b) is meant as a path."""
-    return model_path.startswith((".", "/", "~")) or model_path.count("/") > 1 or "\\" in model_path
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, trust_remote_code: bool = False):
-    """Load ``(model, tokenizer)`` for evaluation from a local directory or a hub id.
+    """Load ``(model, tokenizer)`` for evaluation from a local directory or a hub id, the way training loads them
+    (``models.load_tokenizer`` / ``models.load_model``: same checks, same pad token), in eval mode on `device`.
 
     ``device``: None → "cuda" if available else "cpu". ``dtype``: None → the checkpoint's dtype ("auto") on
     cuda, float32 on cpu; a torch dtype or a name ("bfloat16", "float16", "float32", "auto") is accepted.
-    Errors: a missing local path or a directory without config.json → ``UsageError``; a model or tokenizer
-    that cannot be loaded (no weights, unknown architecture, hub id unavailable) → ``ModelError``.
+    Errors: a missing local path, a directory that is not a model, an offline hub id → ``UsageError``; a model or
+    tokenizer that cannot be loaded → ``ModelError``.
     """
-    model_path = os.fspath(model_path)
-    expanded = os.path.expanduser(model_path)
-    if os.path.exists(expanded):
-        if not os.path.isdir(expanded):
-            raise UsageError(f"model path is not a directory: {model_path}")
-        if not os.path.isfile(os.path.join(expanded, "config.json")):
-            raise UsageError(f"model directory has no config.json (not a saved transformers model): {model_path}")
-        source, is_hub = expanded, False
-    elif _looks_like_local_path(model_path):
-        raise UsageError(f"model path not found: {model_path}")
-    else:
-        source, is_hub = model_path, True
-
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posttrainllm import models
+    from posttrainllm.refs import looks_local
+
+    model_path = os.fspath(model_path)
+    if not os.path.exists(os.path.expanduser(model_path)) and looks_local(model_path):
+        raise UsageError(f"model path not found: {model_path}")
+    models.check_model_ref(model_path)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
@@ -550,25 +534,11 @@ def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, tru
         if not isinstance(resolved, torch.dtype):
             raise UsageError(f"unknown dtype: {dtype!r} (use bfloat16, float16, float32 or auto)")
         dtype = resolved
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except OSError as e:
-        if is_hub:  # not on the hub, or offline without a cached copy
-            raise UsageError(
-                f"model not found: '{model_path}' is not a local directory, and it could not be loaded from "
-                f"the Hugging Face hub (offline, or no such repository): {_first_line(e)}"
-            ) from None
-        raise ModelError(f"cannot load tokenizer from {model_path}: {_first_line(e)}") from None
-    except Exception as e:  # noqa: BLE001 - transformers raises ValueError/KeyError/... here
-        raise ModelError(f"cannot load tokenizer from {model_path}: {_first_line(e)}") from None
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot load model from {model_path}: {_first_line(e)}") from None
+    tokenizer = models.load_tokenizer(model_path, trust_remote_code)
+    model = models.load_model(model_path, trust_remote_code=trust_remote_code, model_args={"dtype": dtype})
     try:
         model.to(device)
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot move model to {device}: {_first_line(e)}") from None
+        raise ModelError(f"cannot move model to {device}: {one_line(e)}") from None
     model.eval()
     return model, tokenizer

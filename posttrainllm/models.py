@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.errors import ModelError, UsageError
+from posttrainllm.errors import ModelError, UsageError, one_line
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.safetensors")
 
@@ -73,7 +73,7 @@ def load_tokenizer(ref: str, trust_remote_code: bool = False, *, need_eos: bool 
     try:
         tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot load a tokenizer from {ref}: {_short(e)}") from e
+        raise ModelError(f"cannot load a tokenizer from {ref}: {one_line(e)}") from e
     if need_eos and tok.eos_token is None:
         before = len(tok)
         tok.add_special_tokens({"eos_token": "<|endoftext|>"})
@@ -162,9 +162,9 @@ def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "f
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise UsageError(f"{ref} contains custom code; re-run with --trust-remote-code if you trust it") from e
-        raise ModelError(f"cannot load model {ref}: {_short(e)}") from e
+        raise ModelError(f"cannot load model {ref}: {one_line(e)}") from e
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"cannot load model {ref}: {_short(e)}") from e
+        raise ModelError(f"cannot load model {ref}: {one_line(e)}") from e
     return model
 
 
@@ -194,11 +194,6 @@ def fit_embeddings_to_tokenizer(model, tokenizer) -> None:
         model.resize_token_embeddings(len(tokenizer))
 
 
-def _short(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else type(e).__name__
-
-
 # -------------------------------------------------------------------------------------------------------- pretrain
 def check_model_config(spec: str) -> None:
     """--model-config must be a preset name or an existing config.json (checked before the tokenizer is trained)."""
@@ -219,7 +214,7 @@ def scratch_config(spec: str, vocab_size: int, max_length: int, tokenizer):
         data = json.loads(p.read_text(encoding="utf-8"))
         model_type = data.pop("model_type")
     except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"--model-config {spec}: not a readable config.json with a model_type ({_short(e)})") from None
+        raise UsageError(f"--model-config {spec}: not a readable config.json with a model_type ({one_line(e)})") from None
     data.update(vocab_size=vocab_size, **{k: v for k, v in special.items() if v is not None})
     return AutoConfig.for_model(model_type, **data)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from posttrainllm import checkpoints
 from posttrainllm.checkpoints import FINAL_MARKER, MARKER, is_rank0, write_json
-from posttrainllm.errors import UsageError
+from posttrainllm.errors import UsageError, shorten
 
 HIDDEN = ".posttrainllm"
 LOCK_NAME = "lock"
@@ -132,16 +132,11 @@ def _inputs_inside(cfg, out: Path) -> list[str]:
     for key in INPUT_KEYS:
         value = getattr(cfg, key, None)
         if isinstance(value, str) and value and os.path.exists(os.path.expanduser(value)) and _inside(value, out):
-            found.append(f"--{key.replace('_', '-')} {_short(value)}")
+            found.append(f"--{key.replace('_', '-')} {shorten(value)}")
     for path in getattr(cfg, "ood_eval", None) or []:
         if os.path.exists(os.path.expanduser(path)) and _inside(path, out):
-            found.append(f"--ood-eval {_short(path)}")
+            found.append(f"--ood-eval {shorten(path)}")
     return found
-
-
-def _short(text: str, limit: int = 120) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
 
 
 # ----------------------------------------------------------------------------------------------------------- lock
@@ -363,7 +358,7 @@ def _check(cfg, out: Path) -> bool:
         if strangers:
             more = f" (and {len(strangers) - 1} more)" if len(strangers) > 1 else ""
             raise UsageError(
-                f"--output-dir {label} holds {_short(strangers[0], 80)}{more}, which posttrainllm did not write; --overwrite only "
+                f"--output-dir {label} holds {shorten(strangers[0], 80)}{more}, which posttrainllm did not write; --overwrite only "
                 "replaces a previous run's own files: move it elsewhere or choose another --output-dir"
             )
         return True
@@ -371,7 +366,7 @@ def _check(cfg, out: Path) -> bool:
         return True  # a failed start or a dry run left only its records: not a finished run
     strangers = foreign(out)
     if strangers:
-        raise UsageError(f"--output-dir {label} is not empty and holds {_short(strangers[0], 80)}, which posttrainllm did not write; choose another --output-dir")
+        raise UsageError(f"--output-dir {label} is not empty and holds {shorten(strangers[0], 80)}, which posttrainllm did not write; choose another --output-dir")
     kept = f" (what an unfinished --overwrite run replaced is kept in {label}/{HIDDEN}/{slots(out)[-1].name})" if slots(out) else ""
     raise UsageError(f"--output-dir {label} is not empty; pass --overwrite to replace it or --resume to continue its run{kept}")
 

@@ -3,7 +3,7 @@
 import json
 import os
 
-os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"  # the only place: every test and every subprocess it starts is offline
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
@@ -31,10 +31,24 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(texts=CORPUS, vocab_size=320):
-    from posttrainllm.models import train_bpe_tokenizer
+def build_tokenizer(texts=CORPUS, vocab_size=320, specials=None, **tokens):
+    """The tests' one tokenizer builder: a byte-level BPE trained here on `texts`. Without `specials`, exactly what
+    `pretrain` trains (models.train_bpe_tokenizer); with them, a plain one whose special tokens are `specials` and
+    whose roles (eos_token=..., pad_token=..., model_max_length=...) are `tokens`."""
+    if specials is None:
+        from posttrainllm.models import train_bpe_tokenizer
 
-    return train_bpe_tokenizer(texts * 20, vocab_size)
+        return train_bpe_tokenizer(texts * 20, vocab_size)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(texts) * 20, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **tokens)
 
 
 def build_tiny_model(tokenizer, n_layers=4, hidden=32, model_type="llama", **extra):
@@ -54,6 +68,14 @@ def build_tiny_model(tokenizer, n_layers=4, hidden=32, model_type="llama", **ext
         **{"tie_word_embeddings": False, "max_position_embeddings": 256, **extra},
     )
     return AutoModelForCausalLM.from_config(cfg)
+
+
+@pytest.fixture
+def tokenizer():
+    """The data tests' tokenizer (tests/data_samples.py); test modules that need another one define their own."""
+    from data_samples import make_tokenizer
+
+    return make_tokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -6,65 +6,35 @@ strings.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import json
 from pathlib import Path
 
-import pytest
 
-SHARED = next(
-    (p for p in (Path(__file__).resolve().parents[2] / "shared" / "data", Path("/work/shared/data")) if p.is_dir()),
-    None,
-)
+SHARED = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data",) if p.is_dir()), None)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------------------------
 
-_TOKENIZER_JSON: str | None = None
-
-
-def _tokenizer_json() -> str:
-    global _TOKENIZER_JSON
-    if _TOKENIZER_JSON is None:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=400,
-            special_tokens=["<|endoftext|>", "<pad>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
-        corpus = [
-            "Below is an instruction that describes a task. Write a response that appropriately completes the request.",
-            "### Instruction:\nAdd 23 and 58.\n\n### Response:\n81",
-            "<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\nIt is blue.<|im_end|>\n",
-            "The quick brown fox jumps over the lazy dog. Hello world, this is a tiny corpus.",
-        ]
-        tok.train_from_iterator(corpus * 20, trainer=trainer)
-        _TOKENIZER_JSON = tok.to_str()
-    return _TOKENIZER_JSON
+DATA_CORPUS = [
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.",
+    "### Instruction:\nAdd 23 and 58.\n\n### Response:\n81",
+    "<|im_start|>user\nWhat color is the sky?<|im_end|>\n<|im_start|>assistant\nIt is blue.<|im_end|>\n",
+    "The quick brown fox jumps over the lazy dog. Hello world, this is a tiny corpus.",
+]
+_TOKENIZER = None
 
 
 def make_tokenizer():
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
+    """A fresh copy of the data tests' tokenizer (trained once; conftest.build_tokenizer)."""
+    import copy
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tokenizer_json()), eos_token="<|endoftext|>", pad_token="<pad>"
-    )
+    from conftest import build_tokenizer
 
-
-@pytest.fixture
-def tokenizer():
-    return make_tokenizer()
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = build_tokenizer(DATA_CORPUS, 400, specials=["<|endoftext|>", "<pad>"], eos_token="<|endoftext|>", pad_token="<pad>")
+    return copy.deepcopy(_TOKENIZER)
 
 
 def write_jsonl(path: Path, rows) -> Path:

@@ -1,9 +1,7 @@
 """LLRD on tiny random-init models of many families: every parameter's LR is checked against a scale derived
 independently from its name (block index regex + per-family embedding prefixes; everything else is head)."""
 
-import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import functools
 import re

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from data_samples import make_tokenizer, tokenizer  # noqa: F401 - fixtures
 from posttrainllm import data as D
 from posttrainllm import demo_data
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from data_samples import make_tokenizer, write_json, write_jsonl  # noqa: F401
+from data_samples import make_tokenizer, write_json, write_jsonl
 from posttrainllm import data as D
 from posttrainllm.errors import DataError
 
@@ -163,6 +163,7 @@ def test_replay_rows_keep_their_whole_text_trained(tmp_path, tok):
     prep.train = D.mix_replay(prep.train, D.load_texts(str(text)), 0.5, 0)
     tok.chat_template = NO_MARKERS  # the spans path
     loss = D.apply_loss_mask(prep, tok)
+    assert not loss.assistant_only_loss and "input_ids" in prep.train.column_names
     replay = [r for r in prep.train if tok.decode(r["input_ids"]).count("user") == 0]
     assert replay
     for r in replay:

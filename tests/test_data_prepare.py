@@ -8,7 +8,7 @@ import pytest
 
 from data_samples import (  # noqa: F401 - fixtures and samples
     ALPACA, MESSAGES, PREF_MSGS, PREF_STR, PROMPT_COMPLETION, PROMPT_COMPLETION_MSGS, SHARED, SHAREGPT, SHAREGPT_PREF,
-    make_tokenizer, tokenizer, write_json, write_jsonl,
+    make_tokenizer, write_json, write_jsonl,
 )
 from posttrainllm import data as D
 from posttrainllm.errors import DataError

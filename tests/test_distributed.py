@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP2_CPU = ROOT / "examples" / "accelerate" / "fsdp2_cpu.yaml"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 GAMMA = 0.8
 SFT = ["--llrd", str(GAMMA), "--lr", "1e-3", "--max-steps", "12", "--save-steps", "4", "--batch-size", "2", "--max-length", "128",
        "--logging-steps", "1"]

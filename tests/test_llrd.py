@@ -1,8 +1,6 @@
 """Unit tests for posttrainllm.llrd: closed forms of the layer-wise LR decay and the param-group contract."""
 
-import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import math
 import re

@@ -31,7 +31,7 @@ def _losses(out):
 
 @pytest.mark.smoke
 def test_sigterm_then_resume_matches_uninterrupted_run(tiny_model_dir, text_file, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = dict(os.environ)
     ref = tmp_path / "ref"
     subprocess.run(_cmd(tiny_model_dir, text_file, ref), check=True, capture_output=True, env=env)
 
@@ -210,7 +210,7 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
     """torchrun --nproc_per_node 2 (gloo): exits 0, ranks agree on the groups, only rank 0 prints and writes."""
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", "-m", "posttrainllm", "sft",
                         "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--llrd", "0.9",
                         "--max-steps", "2", "--batch-size", "2", "--max-length", "256"], capture_output=True, text=True, env=env, timeout=600)

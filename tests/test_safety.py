@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from posttrainllm.cli import app
 
 runner = CliRunner()
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def snapshot(d: Path) -> dict:

@@ -36,7 +36,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import DataError, PosttrainError, UsageError
+from ..errors import DataError, PosttrainError, UsageError, one_line
+from ..refs import looks_like_hub_id
 
 DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".txt")
 # A .txt file is one document read in pieces: these columns say where the document starts and ends.
@@ -52,8 +53,6 @@ GENERATOR_WRITER_BATCH = 8  # rows buffered before datasets writes them, for row
 LONG_LINE = 4 << 20
 
 # Names that look like a file (any short alphanumeric extension) are never treated as a Hub id.
-_FILE_LIKE = re.compile(r"\.(json|jsonl|ndjson|csv|tsv|parquet|txt|arrow|gz|zip|bz2|xz|zst|md|text)$", re.I)
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
 # Column names of the known formats: a JSON object holding one of them is one record, not a wrapper of records.
 _RECORD_KEYS = {
     "messages", "conversations", "prompt", "completion", "chosen", "rejected", "instruction", "output", "text",
@@ -67,24 +66,10 @@ _CHUNK = 1 << 20
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def one_line(error: BaseException | str) -> str:
-    """An exception's text on one line, at most 300 characters (messages for people are one line)."""
-    text = " ".join(str(error).split())
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def json_type(obj: Any) -> str:
     return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
         type(obj), "number" if isinstance(obj, (int, float)) else type(obj).__name__
     )
-
-
-def looks_like_hub_id(source: str) -> bool:
-    if os.sep in source.replace("/", "") or (os.altsep and os.altsep in source.replace("/", "")):
-        return False
-    if source.startswith((".", "/", "~")) or _FILE_LIKE.search(source):
-        return False
-    return bool(_HUB_ID.match(source))
 
 
 def _unwrap(error: BaseException) -> PosttrainError | None:

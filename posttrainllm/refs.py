@@ -1,0 +1,27 @@
+"""Where a model or dataset reference points: a local path, or a Hugging Face Hub id. Imports nothing heavy."""
+
+from __future__ import annotations
+
+import os
+import re
+
+# Names that look like a file (a data, config or weights extension) are never taken for a Hub id.
+_FILE_LIKE = re.compile(
+    r"\.(json|jsonl|ndjson|csv|tsv|parquet|txt|arrow|gz|zip|bz2|xz|zst|md|text|yaml|yml|safetensors|bin)$", re.I
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
+
+
+def looks_local(ref: str) -> bool:
+    """A reference the user means as a local path: it exists, or it can only be a path (./x, /x, ~/x, a/b/c,
+    a\\b, a file name like data.jsonl). `owner/name` and `name` are Hub ids unless such a path exists."""
+    if os.path.exists(os.path.expanduser(ref)):
+        return True
+    if ref.startswith((".", "/", "~")) or "\\" in ref or ref.count("/") > 1:
+        return True
+    return bool(_FILE_LIKE.search(ref))
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """`owner/name` or `name` that is not a local path."""
+    return not looks_local(ref) and bool(_HUB_ID.match(ref))
