@@ -30,7 +30,6 @@ class PreparedData:
     source: str
     template_note: str | None = None  # set when the default chat template was put on the tokenizer
     eval_source: str | None = None
-    n_tokens: int | None = None  # prepare_text: tokens in the train+eval blocks
     block_size: int | None = None  # prepare_text: max_length of the blocks
     dropped: dict[str, int] = field(default_factory=dict)  # degenerate rows dropped, by reason (train + eval)
     conversational: bool = False  # rows are message lists
@@ -314,7 +313,6 @@ def prepare_text(
         source=source,
         template_note=None,
         eval_source=eval_source,
-        n_tokens=None if streaming else (n_train + n_eval) * max_length,
         block_size=max_length,
         streaming=streaming,
     )
