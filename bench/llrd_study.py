@@ -14,7 +14,7 @@ Data (from ../shared/data, splits as its README suggests):
 
 Studies:
   alpaca    an 8-block base; SFT flat over 5 LRs, γ ∈ {0.95, 0.9, 0.8, 0.65} × 3 LRs, 25% replay, replay + γ 0.8
-  loraplus  the same base; LoRA r=16, λ ∈ {1, 16} × γ ∈ {1, 0.8} × 2 LRs
+  loraplus  the same base; LoRA r=16, λ ∈ {1, 16} × γ ∈ {1, 0.8} × LR ∈ {5e-4, 2e-3}
   depth     8- and 24-block bases of the same width pre-trained on the bigger corpus; flat over 4 LRs vs γ at
             the same γ and at the same bottom-block scale γ^(N-1), 2 LRs each
   dpo       DPO of an Alpaca-SFT model on dpo_en_demo.json, flat vs γ ∈ {0.9, 0.8} over 3 LRs
@@ -144,7 +144,7 @@ def pretrain(out: Path, name: str, corpus: Path, blocks: int, steps: int, quick:
 
 def pretrain_curve(base: Path) -> list[tuple[int, float]]:
     state = json.loads((base / "trainer_state.json").read_text())
-    return [(h["step"], h["eval_loss"]) for h in state["log_history"] if "eval_loss" in h]
+    return sorted({h["step"]: h["eval_loss"] for h in state["log_history"] if "eval_loss" in h}.items())
 
 
 # ------------------------------------------------------------------------------------------------ the studies
@@ -183,7 +183,7 @@ def study_loraplus(ctx: dict) -> dict:
     for ratio in ("1", "16"):
         extra = ["--lora-r", "16"] + (["--loraplus-ratio", ratio] if ratio != "1" else [])
         args = sft_args(base, files, ["ood_shakespeare", "ood_code"], 40 if q else 150, extra)
-        out[ratio] = sweep("sft", [*args, "--llrd", "1.0,0.8", "--lr", "2e-3" if q else "2e-3,5e-3", "--seeds", "0" if q else "0,1,2",
+        out[ratio] = sweep("sft", [*args, "--llrd", "1.0,0.8", "--lr", "5e-4" if q else "5e-4,2e-3", "--seeds", "0" if q else "0,1,2",
                                    "--jobs", "2"], ctx["out"] / f"loraplus-{ratio}")
     return out
 
