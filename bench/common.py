@@ -16,8 +16,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -95,7 +96,9 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run_cmd(argv: Sequence[str], *, env: dict | None = None, cwd: str | None = None, timeout: float = 1800) -> tuple[float, subprocess.CompletedProcess]:
+def run_cmd(
+    argv: Sequence[str], *, env: dict | None = None, cwd: str | None = None, timeout: float = 1800
+) -> tuple[float, subprocess.CompletedProcess]:
     """Run a subprocess; returns (wall seconds, completed process). Raises with the tail of its output on failure."""
     full_env = {**os.environ, **(env or {})}
     t0 = time.perf_counter()
@@ -107,17 +110,33 @@ def run_cmd(argv: Sequence[str], *, env: dict | None = None, cwd: str | None = N
     return wall, proc
 
 
-def llama_config(hidden: int, layers: int, *, vocab: int = 32000, intermediate: int | None = None, heads: int | None = None,
-                 kv_heads: int | None = None, tie: bool = False, max_pos: int = 2048):
+def llama_config(
+    hidden: int,
+    layers: int,
+    *,
+    vocab: int = 32000,
+    intermediate: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    tie: bool = False,
+    max_pos: int = 2048,
+):
     """A llama-shaped config (intermediate ≈ 8/3·hidden rounded to 64 by default, head dim 64, GQA 2:1)."""
     from transformers import LlamaConfig
 
     heads = heads or max(1, hidden // 64)
     kv_heads = kv_heads or max(1, heads // 2)
     intermediate = intermediate or int(round(hidden * 8 / 3 / 64)) * 64
-    return LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
-                       max_position_embeddings=max_pos, tie_word_embeddings=tie)
+    return LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=tie,
+    )
 
 
 def fmt_count(n: int) -> str:

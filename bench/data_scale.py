@@ -67,8 +67,32 @@ def _blob(seed: int = 0, n_words: int = 8_000_000) -> str:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "da", "pe", "qu", "ri", "zo", "ba", "te", "shi",
-                 "an", "el", "or", "um", "st", "gr", "th", "ch"]
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "ne",
+        "ru",
+        "sa",
+        "to",
+        "vi",
+        "da",
+        "pe",
+        "qu",
+        "ri",
+        "zo",
+        "ba",
+        "te",
+        "shi",
+        "an",
+        "el",
+        "or",
+        "um",
+        "st",
+        "gr",
+        "th",
+        "ch",
+    ]
     vocab = []
     for _ in range(6000):
         k = rng.integers(1, 5)
@@ -104,8 +128,11 @@ def write_alpaca(path: Path, rows: int, blob: str, seed: int) -> None:
     r = w.rng
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(rows):
-            rec = {"instruction": w.take(r.randint(20, 180)), "input": w.take(r.randint(20, 300)) if r.random() < 0.4 else "",
-                   "output": w.take(r.randint(100, 1200))}
+            rec = {
+                "instruction": w.take(r.randint(20, 180)),
+                "input": w.take(r.randint(20, 300)) if r.random() < 0.4 else "",
+                "output": w.take(r.randint(100, 1200)),
+            }
             f.write(json.dumps(rec))
             f.write("\n")
 
@@ -116,7 +143,7 @@ def write_messages(path: Path, rows: int, blob: str, seed: int) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(rows):
             msgs = [{"role": "system", "content": w.take(r.randint(20, 120))}] if r.random() < 0.3 else []
-            for turn in range(r.randint(1, 3)):
+            for _ in range(r.randint(1, 3)):
                 msgs.append({"role": "user", "content": w.take(r.randint(20, 300))})
                 msgs.append({"role": "assistant", "content": w.take(r.randint(50, 600))})
             f.write(json.dumps({"messages": msgs}))
@@ -144,11 +171,19 @@ def write_records(out: Path, size: int, blob: str) -> dict[str, Path]:
     files = {}
     recs = {
         "text": ({"text": big_text}, {"text": big_text[:20000]}),
-        "alpaca": ({"instruction": "Summarize.", "input": big_text[: size // 2], "output": big_text[size // 2 :]},
-                   {"instruction": "Summarize.", "input": "a b", "output": big_text[:2000]}),
-        "messages": ({"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": big_text[i * 100 : (i + 1) * 100]}
-                                   for i in range(size // 100)]},
-                     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": big_text[:2000]}]}),
+        "alpaca": (
+            {"instruction": "Summarize.", "input": big_text[: size // 2], "output": big_text[size // 2 :]},
+            {"instruction": "Summarize.", "input": "a b", "output": big_text[:2000]},
+        ),
+        "messages": (
+            {
+                "messages": [
+                    {"role": "user" if i % 2 == 0 else "assistant", "content": big_text[i * 100 : (i + 1) * 100]}
+                    for i in range(size // 100)
+                ]
+            },
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": big_text[:2000]}]},
+        ),
     }
     for kind, (big, small) in recs.items():
         files[kind] = out / f"record_{kind}.jsonl"
@@ -194,9 +229,18 @@ def build_inputs(out: Path, quick: bool, div: int = 1) -> dict:
     tok.save_pretrained(out / "tokenizer")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
     inputs["tokenizer"] = str(out / "tokenizer")
@@ -232,8 +276,10 @@ def _child(mode: str, path: str, tokenizer_dir: str) -> dict:
         ds = datasets.load_dataset("json", data_files=path, split="train")
 
         def to_pc(b):
-            prompts = [(ALPACA_PROMPT if i.strip() else ALPACA_PROMPT_NO_INPUT).format(instruction=s, input=i)
-                       for s, i in zip(b["instruction"], b["input"])]
+            prompts = [
+                (ALPACA_PROMPT if i.strip() else ALPACA_PROMPT_NO_INPUT).format(instruction=s, input=i)
+                for s, i in zip(b["instruction"], b["input"])
+            ]
             return {"prompt": prompts, "completion": b["output"]}
 
         ds = ds.map(to_pc, batched=True, remove_columns=ds.column_names)
@@ -268,7 +314,7 @@ def _child(mode: str, path: str, tokenizer_dir: str) -> dict:
         t2 = time.perf_counter()
 
         def group_texts(examples):
-            concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
+            concatenated = {k: list(chain(*examples[k])) for k in examples}
             total = (len(concatenated["input_ids"]) // MAX_LENGTH) * MAX_LENGTH
             result = {k: [t[i : i + MAX_LENGTH] for i in range(0, total, MAX_LENGTH)] for k, t in concatenated.items()}
             result["labels"] = result["input_ids"].copy()
@@ -319,14 +365,23 @@ def _record_child(kind: str, path: str, small: str, tokenizer_dir: str) -> dict:
     t0 = time.perf_counter()
     run(path)
     extra = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    return {"extra_bytes": extra, "size": os.path.getsize(path), "ratio": extra / os.path.getsize(path),
-            "prep_s": time.perf_counter() - t0}
+    return {
+        "extra_bytes": extra,
+        "size": os.path.getsize(path),
+        "ratio": extra / os.path.getsize(path),
+        "prep_s": time.perf_counter() - t0,
+    }
 
 
 def measure(argv: list[str], cache: Path | None, env: dict | None = None, timeout: float = 7200) -> dict:
     """Run a child; returns its JSON result plus peak RSS (ru_maxrss of that child) and wall time."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true",
-                **(env or {})}
+    full_env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "true",
+        **(env or {}),
+    }
     if cache is not None:
         full_env["HF_DATASETS_CACHE"] = str(cache)
     import tempfile
@@ -378,8 +433,16 @@ def _warm(path: str) -> None:
             pass
 
 
-def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: str, reps: int,
-         extra: dict[str, str] | None = None) -> dict:
+def pair(
+    out: Path,
+    tag: str,
+    path: str,
+    tok: str,
+    pt_mode: str,
+    native_mode: str,
+    reps: int,
+    extra: dict[str, str] | None = None,
+) -> dict:
     """posttrainllm vs native on one file, each with an empty cache, `reps` times in rotated order (medians of the
     per-repetition ratios); then a second posttrainllm run on its warm cache. `extra`: more contenders (name: mode),
     compared with native the same way."""
@@ -401,8 +464,13 @@ def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: st
     res: dict = {"reps": reps, "runs": runs}
     for name in ("native", "posttrainllm"):
         rs = runs[name]
-        res[name] = {**rs[0], "prep_s": med([r["prep_s"] for r in rs]), "peak_rss": med([r["peak_rss"] for r in rs]),
-                     "prep_s_all": [round(r["prep_s"], 2) for r in rs], "peak_rss_all": [r["peak_rss"] for r in rs]}
+        res[name] = {
+            **rs[0],
+            "prep_s": med([r["prep_s"] for r in rs]),
+            "peak_rss": med([r["peak_rss"] for r in rs]),
+            "prep_s_all": [round(r["prep_s"], 2) for r in rs],
+            "peak_rss_all": [r["peak_rss"] for r in rs],
+        }
     res["posttrainllm_second_run"] = runs["second"][0]
     res["rss_ratio"] = med([a["peak_rss"] / b["peak_rss"] for a, b in zip(runs["posttrainllm"], runs["native"])])
     res["time_ratio"] = med([a["prep_s"] / b["prep_s"] for a, b in zip(runs["posttrainllm"], runs["native"])])
@@ -410,9 +478,12 @@ def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: st
     res["cache_speedup"] = res["posttrainllm"]["prep_s"] / res["posttrainllm_second_run"]["prep_s"]
     for name in extra or {}:
         rs = runs[name]
-        res[name] = {"prep_s": med([r["prep_s"] for r in rs]), "peak_rss": med([r["peak_rss"] for r in rs]),
-                     "time_ratio": med([a["prep_s"] / b["prep_s"] for a, b in zip(rs, runs["native"])]),
-                     "time_ratio_all": [round(a["prep_s"] / b["prep_s"], 3) for a, b in zip(rs, runs["native"])]}
+        res[name] = {
+            "prep_s": med([r["prep_s"] for r in rs]),
+            "peak_rss": med([r["peak_rss"] for r in rs]),
+            "time_ratio": med([a["prep_s"] / b["prep_s"] for a, b in zip(rs, runs["native"])]),
+            "time_ratio_all": [round(a["prep_s"] / b["prep_s"], 3) for a, b in zip(rs, runs["native"])],
+        }
     if "tokens" in res["native"]:
         rate = {k: res[k]["tokens"] / res[k]["tokenize_s"] for k in ("native", "posttrainllm")}
         res["tokens_per_s"] = rate
@@ -423,8 +494,21 @@ def pair(out: Path, tag: str, path: str, tok: str, pt_mode: str, native_mode: st
 def cli_dry_run(out: Path, command: str, path: str, model: str, extra: list[str] = ()) -> dict:
     cache = fresh(out, f"cli-{command}")
     exe = Path(sys.executable).parent / "posttrainllm"
-    argv = [str(exe), command, "--model", model, "--dataset", path, "--output-dir", str(out / f"cli-{command}-out"),
-            "--dry-run", "--overwrite", "--max-length", str(MAX_LENGTH), *extra]
+    argv = [
+        str(exe),
+        command,
+        "--model",
+        model,
+        "--dataset",
+        path,
+        "--output-dir",
+        str(out / f"cli-{command}-out"),
+        "--dry-run",
+        "--overwrite",
+        "--max-length",
+        str(MAX_LENGTH),
+        *extra,
+    ]
     log(f"  CLI {command} --dry-run ...")
     res = measure(argv, cache, env={"PYTHONPATH": str(REPO)})
     shutil.rmtree(cache, ignore_errors=True)
@@ -439,8 +523,11 @@ def main() -> None:
     p.add_argument("--text-file", help="measure this text file instead of the generated 1 GB one")
     p.add_argument("--skip-curve", action="store_true", help="only the largest inputs")
     p.add_argument("--divide", type=int, default=1, help="divide every size by N (a smoke run of the benchmark)")
-    p.add_argument("--only", default="sft,messages,text,cli,curve,records",
-                   help="comma-separated parts to run (default: all): sft, messages, text, cli, curve, records")
+    p.add_argument(
+        "--only",
+        default="sft,messages,text,cli,curve,records",
+        help="comma-separated parts to run (default: all): sft, messages, text, cli, curve, records",
+    )
     p.add_argument("--child", nargs="+", help=argparse_hidden())
     a = p.parse_args()
     if a.child:
@@ -463,17 +550,32 @@ def main() -> None:
     tok = inputs["tokenizer"]
     sizes = sorted(inputs["alpaca"], key=int)
     text_sizes = sorted(inputs["text"], key=int)
-    big = {"alpaca": a.sft_file or inputs["alpaca"][sizes[-1]], "messages": a.messages_file or inputs["messages"][sizes[-1]],
-           "text": a.text_file or inputs["text"][text_sizes[-1]]}
-    result: dict = {"machine": info, "argv": sys.argv[1:], "inputs": {k: {"path": v, "bytes": os.path.getsize(v)} for k, v in big.items()}}
+    big = {
+        "alpaca": a.sft_file or inputs["alpaca"][sizes[-1]],
+        "messages": a.messages_file or inputs["messages"][sizes[-1]],
+        "text": a.text_file or inputs["text"][text_sizes[-1]],
+    }
+    result: dict = {
+        "machine": info,
+        "argv": sys.argv[1:],
+        "inputs": {k: {"path": v, "bytes": os.path.getsize(v)} for k, v in big.items()},
+    }
 
     log(f"largest inputs: {', '.join(f'{k} {os.path.getsize(v) / 1e6:.0f} MB' for k, v in big.items())}")
     parts = set(a.only.split(","))
     if "sft" in parts:
         result["sft"] = pair(out, "sft", big["alpaca"], tok, "pt_sft", "native_sft", reps=a.reps or 3)
     if "messages" in parts:
-        result["messages"] = pair(out, "messages", big["messages"], tok, "pt_sft", "native_messages", reps=a.reps or 3,
-                                  extra={"posttrainllm_no_length_check": "pt_sft_no_length_check"})
+        result["messages"] = pair(
+            out,
+            "messages",
+            big["messages"],
+            tok,
+            "pt_sft",
+            "native_messages",
+            reps=a.reps or 3,
+            extra={"posttrainllm_no_length_check": "pt_sft_no_length_check"},
+        )
     if "text" in parts:
         result["text"] = pair(out, "text", big["text"], tok, "pt_text", "native_text", reps=1)
         cache = fresh(out, "text-stream")
@@ -532,32 +634,52 @@ def summary(r: dict) -> str:
         x = r[key]
         size = r["inputs"]["alpaca" if key == "sft" else key]["bytes"]
         lines.append(f"{title} ({size / 1e6:.0f} MB, {x['posttrainllm']['rows']} rows/blocks):")
-        lines.append(f"  peak RSS   posttrainllm {gb(x['posttrainllm']['peak_rss'])} | native {gb(x['native']['peak_rss'])}"
-                     f" | ratio {x['rss_ratio']:.2f}")
-        lines.append(f"  prep time  posttrainllm {x['posttrainllm']['prep_s']:.1f} s | native {x['native']['prep_s']:.1f} s"
-                     f" | ratio {x['time_ratio']:.2f} (median of {x['reps']}: {x['time_ratio_all']})")
+        lines.append(
+            f"  peak RSS   posttrainllm {gb(x['posttrainllm']['peak_rss'])} | native {gb(x['native']['peak_rss'])}"
+            f" | ratio {x['rss_ratio']:.2f}"
+        )
+        lines.append(
+            f"  prep time  posttrainllm {x['posttrainllm']['prep_s']:.1f} s | native {x['native']['prep_s']:.1f} s"
+            f" | ratio {x['time_ratio']:.2f} (median of {x['reps']}: {x['time_ratio_all']})"
+        )
         if "posttrainllm_no_length_check" in x:
             y = x["posttrainllm_no_length_check"]
-            lines.append(f"  without the --max-length check: {y['prep_s']:.1f} s, ratio {y['time_ratio']:.2f} "
-                         f"({y['time_ratio_all']})")
-        lines.append(f"  second run (cache) {x['posttrainllm_second_run']['prep_s']:.1f} s: {x['cache_speedup']:.1f}x faster")
+            lines.append(
+                f"  without the --max-length check: {y['prep_s']:.1f} s, ratio {y['time_ratio']:.2f} "
+                f"({y['time_ratio_all']})"
+            )
+        lines.append(
+            f"  second run (cache) {x['posttrainllm_second_run']['prep_s']:.1f} s: {x['cache_speedup']:.1f}x faster"
+        )
         if "tokens_per_s" in x:
             t = x["tokens_per_s"]
-            lines.append(f"  tokenization  posttrainllm {t['posttrainllm'] / 1e6:.2f} M tok/s | native {t['native'] / 1e6:.2f}"
-                         f" M tok/s | ratio {x['tokenize_throughput_ratio']:.2f}")
+            lines.append(
+                f"  tokenization  posttrainllm {t['posttrainllm'] / 1e6:.2f} M tok/s | native {t['native'] / 1e6:.2f}"
+                f" M tok/s | ratio {x['tokenize_throughput_ratio']:.2f}"
+            )
             s = x["posttrainllm_streaming"]
-            lines.append(f"  --streaming (all {s['rows']} blocks read): peak RSS {gb(s['peak_rss'])}, {s['prep_s']:.1f} s")
+            lines.append(
+                f"  --streaming (all {s['rows']} blocks read): peak RSS {gb(s['peak_rss'])}, {s['prep_s']:.1f} s"
+            )
     if "cli" in r:
-        lines.append("command line --dry-run, whole process: " + ", ".join(
-            f"{k} {gb(v['peak_rss'])} ({v['wall_s']:.0f} s)" for k, v in r["cli"].items()))
+        lines.append(
+            "command line --dry-run, whole process: "
+            + ", ".join(f"{k} {gb(v['peak_rss'])} ({v['wall_s']:.0f} s)" for k, v in r["cli"].items())
+        )
     if "curve" in r:
         for kind, pts in r["curve"].items():
-            lines.append(f"cost curve ({kind}): " + ", ".join(
-                f"{k}: {v['prep_s']:.1f} s {gb(v['peak_rss'])}" for k, v in pts.items()))
+            lines.append(
+                f"cost curve ({kind}): "
+                + ", ".join(f"{k}: {v['prep_s']:.1f} s {gb(v['peak_rss'])}" for k, v in pts.items())
+            )
     if r["records"]:
-        lines.append("single records: " + ", ".join(
-            f"{k} {v['size'] / 2**20:.0f} MiB -> +{v['extra_bytes'] / 2**20:.0f} MiB ({v['ratio']:.1f}x)"
-            for k, v in r["records"].items()))
+        lines.append(
+            "single records: "
+            + ", ".join(
+                f"{k} {v['size'] / 2**20:.0f} MiB -> +{v['extra_bytes'] / 2**20:.0f} MiB ({v['ratio']:.1f}x)"
+                for k, v in r["records"].items()
+            )
+        )
     lines.append(f"total {r['seconds']} s")
     return "\n".join(lines)
 

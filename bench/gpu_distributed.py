@@ -32,8 +32,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "examples" / "accelerate"
 GAMMA = 0.8
-ARGS = ["--llrd", str(GAMMA), "--lr", "1e-3", "--max-steps", "12", "--save-steps", "6", "--batch-size", "2", "--max-length", "128",
-        "--logging-steps", "1", "--weight-decay", "0.1", "--precision", "fp32"]
+ARGS = [
+    "--llrd",
+    str(GAMMA),
+    "--lr",
+    "1e-3",
+    "--max-steps",
+    "12",
+    "--save-steps",
+    "6",
+    "--batch-size",
+    "2",
+    "--max-length",
+    "128",
+    "--logging-steps",
+    "1",
+    "--weight-decay",
+    "0.1",
+    "--precision",
+    "fp32",
+]
 CASE_TIMEOUT_S = 150
 
 SPY = textwrap.dedent("""
@@ -51,11 +69,13 @@ SPY = textwrap.dedent("""
         name_of = {id(p): strip_wrappers(n) for n, p in self.model.named_parameters()}
         groups = self.optimizer.param_groups  # accelerate's wrapper -> torch's / DeepSpeed's optimizer groups
         numel = torch.tensor([float(sum(p.numel() for p in g["params"])) for g in groups], device=self.args.device)
-        if dist.is_initialized() and self.is_deepspeed_enabled:  # ZeRO partitions: each rank holds a slice of each group
+        if dist.is_initialized() and self.is_deepspeed_enabled:  # ZeRO: each rank holds a slice of each group
             dist.all_reduce(numel)
-        dump = {"engine": "deepspeed" if self.is_deepspeed_enabled else "fsdp" if self.is_fsdp_enabled else "ddp",
-                "groups": [{"name": g.get("name"), "lr": g["lr"], "weight_decay": g["weight_decay"],
-                            "params": [name_of.get(id(p)) for p in g["params"]], "numel": int(n)} for g, n in zip(groups, numel.tolist())]}
+        engine = "deepspeed" if self.is_deepspeed_enabled else "fsdp" if self.is_fsdp_enabled else "ddp"
+        rows = [{"name": g.get("name"), "lr": g["lr"], "weight_decay": g["weight_decay"],
+                 "params": [name_of.get(id(p)) for p in g["params"]], "numel": int(n)}
+                for g, n in zip(groups, numel.tolist())]
+        dump = {"engine": engine, "groups": rows}
         with open(os.path.join(os.environ["SPY_DIR"], f"rank{os.environ.get('RANK', '0')}.json"), "w") as f:
             json.dump(dump, f)
         return out
@@ -74,16 +94,32 @@ def prepare(root: Path) -> tuple[Path, Path]:
     from posttrainllm.models import train_bpe_tokenizer
 
     model_dir, data = root / "model", root / "alpaca.json"
-    rows = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(64)]
+    rows = [
+        {"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(64)
+    ]
     data.write_text(json.dumps(rows))
-    corpus = ["the quick brown fox jumps over the lazy dog. " * 3, "def add(a, b):\n    return a + b\n",
-              "Instruction: add two numbers. Response: the sum is 42.", "hello world, this is a tiny corpus for a tiny tokenizer."]
+    corpus = [
+        "the quick brown fox jumps over the lazy dog. " * 3,
+        "def add(a, b):\n    return a + b\n",
+        "Instruction: add two numbers. Response: the sum is 42.",
+        "hello world, this is a tiny corpus for a tiny tokenizer.",
+    ]
     tok = train_bpe_tokenizer(corpus * 20, 320)
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model("llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                               num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
-                               eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=False,
-                               max_position_embeddings=256)
+    cfg = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     (root / "spy.py").write_text(SPY)
@@ -100,7 +136,10 @@ def write_config(root: Path, name: str, base: str, edits: dict[str, str], ds_jso
     if ds_json is not None:
         (root / f"{name}.json").write_text(json.dumps(ds_json, indent=2))
         out = [ln for ln in out if not ln.startswith("  ") or ln.strip().startswith("#")]
-        out = [ln for ln in out if ln.strip() != "deepspeed_config:"] + ["deepspeed_config:", f"  deepspeed_config_file: {root / f'{name}.json'}"]
+        out = [ln for ln in out if ln.strip() != "deepspeed_config:"] + [
+            "deepspeed_config:",
+            f"  deepspeed_config_file: {root / f'{name}.json'}",
+        ]
     path = root / f"{name}.yaml"
     path.write_text("\n".join(out) + "\n")
     return path
@@ -112,11 +151,38 @@ def launch(root: Path, name: str, config: Path | None, model: Path, data: Path, 
     out = root / name / "out"
     env = {**os.environ, "SPY_DIR": str(spy), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     if config is None:
-        head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port)]
+        head = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            str(port),
+        ]
     else:
-        head = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", str(nproc),
-                "--main_process_port", str(port)]
-    cmd = head + [str(root / "spy.py"), "sft", "--model", str(model), "--dataset", str(data), "--output-dir", str(out), *ARGS]
+        head = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config),
+            "--num_processes",
+            str(nproc),
+            "--main_process_port",
+            str(port),
+        ]
+    cmd = head + [
+        str(root / "spy.py"),
+        "sft",
+        "--model",
+        str(model),
+        "--dataset",
+        str(data),
+        "--output-dir",
+        str(out),
+        *ARGS,
+    ]
     t0 = time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=CASE_TIMEOUT_S, check=False)
@@ -125,7 +191,14 @@ def launch(root: Path, name: str, config: Path | None, model: Path, data: Path, 
         code, text = "timeout", f"{e.stdout or ''}{e.stderr or ''}"
     (root / name / "log.txt").write_text(text if isinstance(text, str) else text.decode(errors="replace"))
     ranks = {p.stem: json.loads(p.read_text()) for p in sorted(spy.glob("rank*.json"))}
-    return {"name": name, "exit": code, "seconds": round(time.time() - t0, 1), "out": out, "ranks": ranks, "log": text[-4000:]}
+    return {
+        "name": name,
+        "exit": code,
+        "seconds": round(time.time() - t0, 1),
+        "out": out,
+        "ranks": ranks,
+        "log": text[-4000:],
+    }
 
 
 def drift_ratios(out: Path) -> dict[str, float]:
@@ -205,23 +278,41 @@ def main() -> int:
         has_ds = True
     except Exception:  # noqa: BLE001
         has_ds = False
-    cases = [("ddp", None, ("trained", False)), ("fsdp2", write_config(root, "fsdp2", "fsdp2_cpu" if a.cpu else "fsdp2", {}), ("trained", False))]
+    cases = [
+        ("ddp", None, ("trained", False)),
+        ("fsdp2", write_config(root, "fsdp2", "fsdp2_cpu" if a.cpu else "fsdp2", {}), ("trained", False)),
+    ]
     if not a.cpu:
         cases += [
             ("fsdp1_orig_params", write_config(root, "fsdp1_orig", "fsdp1", {}), ("trained", False)),
-            ("fsdp1_flat_params", write_config(root, "fsdp1_flat", "fsdp1", {"fsdp_use_orig_params": "false"}), ("refused", "use_orig_params")),
+            (
+                "fsdp1_flat_params",
+                write_config(root, "fsdp1_flat", "fsdp1", {"fsdp_use_orig_params": "false"}),
+                ("refused", "use_orig_params"),
+            ),
         ]
         if has_ds:
-            own = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-                   "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+            own = {
+                "zero_optimization": {"stage": 2},
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+            }
             cases += [
                 ("deepspeed_zero2", write_config(root, "ds2", "deepspeed_zero2", {}), ("trained", True)),
                 ("deepspeed_zero3", write_config(root, "ds3", "deepspeed_zero3", {}), ("trained", True)),
-                ("deepspeed_own_optimizer", write_config(root, "ds_own", "deepspeed_zero2", {}, ds_json=own), ("refused", 'its own "optimizer"')),
+                (
+                    "deepspeed_own_optimizer",
+                    write_config(root, "ds_own", "deepspeed_zero2", {}, ds_json=own),
+                    ("refused", 'its own "optimizer"'),
+                ),
             ]
     summary = {"nproc": a.nproc, "gamma": GAMMA, "args": ARGS, "deepspeed_installed": has_ds, "cases": {}}
     if not has_ds and not a.cpu:
-        summary["cases"]["deepspeed_*"] = {"status": "SKIPPED", "why": "deepspeed is not installed (pip install deepspeed)"}
+        summary["cases"]["deepspeed_*"] = {
+            "status": "SKIPPED",
+            "why": "deepspeed is not installed (pip install deepspeed)",
+        }
     failed = False
     ddp_out = None
     for i, (name, config, expect) in enumerate(cases):
@@ -230,7 +321,12 @@ def main() -> int:
             problems = check_trained(result, deepspeed=expect[1])
         else:
             problems = check_refused(result, expect[1])
-        row = {"status": "FAIL" if problems else "ok", "exit": result["exit"], "seconds": result["seconds"], "problems": problems}
+        row = {
+            "status": "FAIL" if problems else "ok",
+            "exit": result["exit"],
+            "seconds": result["seconds"],
+            "problems": problems,
+        }
         if result["exit"] == 0 and (result["out"] / "drift.json").exists():
             row["drift_ratios"] = {k: round(v, 4) for k, v in drift_ratios(result["out"]).items()}
         if name == "ddp" and result["exit"] == 0:
@@ -241,10 +337,15 @@ def main() -> int:
             row["log_tail"] = result["log"][-1500:]
         failed |= bool(problems)
         summary["cases"][name] = row
-        print(f"{name:24s} {row['status']:5s} exit={result['exit']} {result['seconds']:6.1f}s  "
-              + "; ".join(problems or [json.dumps(row.get("drift_ratios", {}))]), flush=True)
+        print(
+            f"{name:24s} {row['status']:5s} exit={result['exit']} {result['seconds']:6.1f}s  "
+            + "; ".join(problems or [json.dumps(row.get("drift_ratios", {}))]),
+            flush=True,
+        )
     (root / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    lines = [f"{n}: {r['status']}" + (f" ({r.get('why')})" if r.get("why") else "") for n, r in summary["cases"].items()]
+    lines = [
+        f"{n}: {r['status']}" + (f" ({r.get('why')})" if r.get("why") else "") for n, r in summary["cases"].items()
+    ]
     (root / "summary.txt").write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 

@@ -55,21 +55,86 @@ def cap_check(blocks: int = 8) -> list[dict]:
 
     small = dict(vocab_size=512)
     specs = {
-        "llama (untied)": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=blocks, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
-        "llama (tied)": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=blocks, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
-        "qwen2 (qkv biases)": ("qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=blocks, num_attention_heads=4, num_key_value_heads=2)),
-        "gpt2 (wte+wpe, biases)": ("gpt2", dict(n_embd=64, n_layer=blocks, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0)),
-        "opt (project_in/out)": ("opt", dict(hidden_size=64, word_embed_proj_dim=32, ffn_dim=128, num_hidden_layers=blocks, num_attention_heads=4, max_position_embeddings=128)),
-        "gpt_neox": ("gpt_neox", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=blocks, num_attention_heads=4, max_position_embeddings=128)),
+        "llama (untied)": (
+            "llama",
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=blocks,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+            ),
+        ),
+        "llama (tied)": (
+            "llama",
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=blocks,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=True,
+            ),
+        ),
+        "qwen2 (qkv biases)": (
+            "qwen2",
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=blocks,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            ),
+        ),
+        "gpt2 (wte+wpe, biases)": (
+            "gpt2",
+            dict(n_embd=64, n_layer=blocks, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0),
+        ),
+        "opt (project_in/out)": (
+            "opt",
+            dict(
+                hidden_size=64,
+                word_embed_proj_dim=32,
+                ffn_dim=128,
+                num_hidden_layers=blocks,
+                num_attention_heads=4,
+                max_position_embeddings=128,
+            ),
+        ),
+        "gpt_neox": (
+            "gpt_neox",
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=blocks,
+                num_attention_heads=4,
+                max_position_embeddings=128,
+            ),
+        ),
     }
     rows = []
     for label, (mtype, kw) in specs.items():
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(mtype, **small, **kw))
         for wd in (0.01, 0.1):
-            plan = build(model) if wd == 0.01 else __import__("posttrainllm.llrd", fromlist=["x"]).build_param_groups(model, 1e-5, gamma=0.9, weight_decay=wd)
-            rows.append({"model": label, "weight_decay": wd, "blocks": plan.num_layers, "groups": len(plan.groups),
-                         "cap": 2 * (plan.num_layers + 2), "ok": len(plan.groups) <= 20 and plan.num_layers == blocks})
+            plan = (
+                build(model)
+                if wd == 0.01
+                else __import__("posttrainllm.llrd", fromlist=["x"]).build_param_groups(
+                    model, 1e-5, gamma=0.9, weight_decay=wd
+                )
+            )
+            rows.append(
+                {
+                    "model": label,
+                    "weight_decay": wd,
+                    "blocks": plan.num_layers,
+                    "groups": len(plan.groups),
+                    "cap": 2 * (plan.num_layers + 2),
+                    "ok": len(plan.groups) <= 20 and plan.num_layers == blocks,
+                }
+            )
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -78,8 +143,16 @@ def cap_check(blocks: int = 8) -> list[dict]:
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **small, **specs["llama (untied)"][1]))
         model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
         plan = build(model)
-        rows.append({"model": "llama + LoRA (all-linear)", "weight_decay": 0.01, "blocks": plan.num_layers,
-                     "groups": len(plan.groups), "cap": 2 * (plan.num_layers + 2), "ok": len(plan.groups) <= 20})
+        rows.append(
+            {
+                "model": "llama + LoRA (all-linear)",
+                "weight_decay": 0.01,
+                "blocks": plan.num_layers,
+                "groups": len(plan.groups),
+                "cap": 2 * (plan.num_layers + 2),
+                "ok": len(plan.groups) <= 20,
+            }
+        )
     return rows
 
 
@@ -99,8 +172,10 @@ def main() -> None:
         t0 = time.perf_counter()
         models[n] = meta_llama(n)
         log(f"instantiated {n} blocks on meta in {time.perf_counter() - t0:.2f} s")
-        result["sizes"][str(n)] = {"instantiate_s": time.perf_counter() - t0,
-                                   "params": sum(p.numel() for p in models[n].parameters())}
+        result["sizes"][str(n)] = {
+            "instantiate_s": time.perf_counter() - t0,
+            "params": sum(p.numel() for p in models[n].parameters()),
+        }
     for n in sizes:  # warm-up (regex compilation, first-call imports)
         build(models[n])
 
@@ -109,6 +184,7 @@ def main() -> None:
             t0 = time.perf_counter()
             build(models[n])
             return time.perf_counter() - t0
+
         return run
 
     res = alternate({str(n): timer(n) for n in sizes}, reps)
@@ -116,16 +192,26 @@ def main() -> None:
     slope, icpt = lsq([float(n) for n in sizes], ts)
     for n, t in zip(sizes, ts):
         plan = build(models[n])
-        result["sizes"][str(n)].update(build_s=t, build_min_s=min(res[str(n)]), groups=len(plan.groups), tensors=sum(len(g["params"]) for g in plan.groups))
-        lines.append(f"  {n:3d} blocks ({fmt_count(result['sizes'][str(n)]['params'])} params, {result['sizes'][str(n)]['tensors']} tensors, "
-                     f"{len(plan.groups)} groups): {t * 1e3:8.1f} ms  (min {min(res[str(n)]) * 1e3:.1f}; instantiate on meta "
-                     f"{result['sizes'][str(n)]['instantiate_s']:.2f} s)")
+        result["sizes"][str(n)].update(
+            build_s=t,
+            build_min_s=min(res[str(n)]),
+            groups=len(plan.groups),
+            tensors=sum(len(g["params"]) for g in plan.groups),
+        )
+        lines.append(
+            f"  {n:3d} blocks ({fmt_count(result['sizes'][str(n)]['params'])} "
+            f"params, {result['sizes'][str(n)]['tensors']} tensors, "
+            f"{len(plan.groups)} groups): {t * 1e3:8.1f} ms  (min {min(res[str(n)]) * 1e3:.1f}; instantiate on meta "
+            f"{result['sizes'][str(n)]['instantiate_s']:.2f} s)"
+        )
     result["seconds_per_block"] = slope
     result["intercept_s"] = icpt
     big = max(sizes)
     result["target_80_blocks_le_0_5_s"] = result["sizes"][str(big)]["build_s"] <= 0.5 if big == 80 else None
-    lines.append(f"  slope {slope * 1e3:.2f} ms per block, intercept {icpt * 1e3:.1f} ms; {big} blocks: "
-                 f"{result['sizes'][str(big)]['build_s']:.3f} s (target ≤ 0.5 s for 80)")
+    lines.append(
+        f"  slope {slope * 1e3:.2f} ms per block, intercept {icpt * 1e3:.1f} ms; {big} blocks: "
+        f"{result['sizes'][str(big)]['build_s']:.3f} s (target ≤ 0.5 s for 80)"
+    )
 
     if not a.no_profile:
         prof = cProfile.Profile()
@@ -137,7 +223,7 @@ def main() -> None:
         st = pstats.Stats(prof, stream=s).sort_stats("tottime")
         st.print_stats(15)
         text = s.getvalue()
-        keep = text[text.find("ncalls"):] if "ncalls" in text else text
+        keep = text[text.find("ncalls") :] if "ncalls" in text else text
         result["profile_top_tottime"] = keep
         lines.append(f"\ncProfile of 3 builds of the {big}-block model (sorted by own time):\n" + keep.rstrip())
 
@@ -146,11 +232,21 @@ def main() -> None:
         result["group_cap_8_blocks"] = rows
         lines.append("\n8-block models, weight decay > 0: groups (cap 20)")
         for r in rows:
-            lines.append(f"  {r['model']:26s} " + (r["skipped"] if "skipped" in r else
-                         f"wd {r['weight_decay']:<5g} blocks {r['blocks']} groups {r['groups']:2d}  {'ok' if r['ok'] else 'OVER CAP'}"))
+            lines.append(
+                f"  {r['model']:26s} "
+                + (
+                    r["skipped"]
+                    if "skipped" in r
+                    else f"wd {r['weight_decay']:<5g} blocks {r['blocks']} groups "
+                    f"{r['groups']:2d}  {'ok' if r['ok'] else 'OVER CAP'}"
+                )
+            )
 
     m = result["machine"]
-    lines.append(f"\nmachine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']}, load at start {m.get('loadavg_at_start')}, {m['date']}")
+    lines.append(
+        f"\nmachine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']}, load "
+        f"at start {m.get('loadavg_at_start')}, {m['date']}"
+    )
     emit(result, a.json, "\n".join(lines))
 
 

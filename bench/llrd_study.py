@@ -72,12 +72,15 @@ def sweep(command: str, args: list[str], out: Path) -> list[dict]:
 
 def machine() -> str:
     cpu = ""
-    with contextlib.suppress(OSError):
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{os.cpu_count()} CPU cores ({cpu or platform.processor()}), Python {platform.python_version()}, torch {torch.__version__}, {gpu}"
+    return (
+        f"{os.cpu_count()} CPU cores ({cpu or platform.processor()}), Python "
+        f"{platform.python_version()}, torch {torch.__version__}, {gpu}"
+    )
 
 
 def _split_modules(text: str, marker: str, end: str = "") -> list[tuple[str, str]]:
@@ -85,7 +88,7 @@ def _split_modules(text: str, marker: str, end: str = "") -> list[tuple[str, str
     parts: list[list] = []
     for line in text.splitlines(keepends=True):
         if line.startswith(marker):
-            parts.append([line.strip()[len(marker): len(line.strip()) - len(end)], []])
+            parts.append([line.strip()[len(marker) : len(line.strip()) - len(end)], []])
         if parts:
             parts[-1][1].append(line)
     return [(name, "".join(lines)) for name, lines in parts]
@@ -98,7 +101,7 @@ def prepare_data(out: Path) -> dict[str, Path]:
     modules = _split_modules((SHARED / "python_stdlib_code.txt").read_text(encoding="utf-8"), "# ==== Lib/", " ====")
     last_train = [m[0] for m in modules].index("typing.py")
     code_train = "".join(m[1] for m in modules[: last_train + 1])
-    code_held = "".join(m[1] for m in modules[last_train + 1:])
+    code_held = "".join(m[1] for m in modules[last_train + 1 :])
     docs = _split_modules((SHARED / "python_docs.txt").read_text(encoding="utf-8"), ".. document: ")
     held = [d for d in docs if d[0].startswith("library/") and d[0].split("/", 1)[1][:1].lower() >= "s"]
     docs_train = "".join(d[1] for d in docs if d not in held)
@@ -124,21 +127,66 @@ def prepare_data(out: Path) -> dict[str, Path]:
     return files
 
 
-def pretrain(out: Path, name: str, corpus: Path, blocks: int, steps: int, quick: bool, log_dir: Path, hidden: int = 64) -> Path:
+def pretrain(
+    out: Path, name: str, corpus: Path, blocks: int, steps: int, quick: bool, log_dir: Path, hidden: int = 64
+) -> Path:
     """A llama-style base, `hidden` wide, `blocks` blocks, BPE vocab 2048, via `posttrainllm pretrain`."""
     base = out / name
     if (base / "training_complete.json").exists():
         return base
     config = out / f"{name}_config.json"
     heads = max(4, hidden // 64)
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": hidden, "intermediate_size": int(hidden * 2.75),
-                                  "num_hidden_layers": blocks, "num_attention_heads": heads, "num_key_value_heads": heads // 2,
-                                  "max_position_embeddings": 512, "tie_word_embeddings": False}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": hidden,
+                "intermediate_size": int(hidden * 2.75),
+                "num_hidden_layers": blocks,
+                "num_attention_heads": heads,
+                "num_key_value_heads": heads // 2,
+                "max_position_embeddings": 512,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     print(f"  pre-training {name}: {blocks} blocks, {steps} steps on {corpus.name} ...", flush=True)
-    cli(["pretrain", "--dataset", str(corpus), "--output-dir", str(base), "--model-config", str(config), "--vocab-size", "2048",
-         "--max-length", "256", "--batch-size", "8", "--lr", "1e-3", "--lr-scheduler", "cosine", "--warmup-ratio", "0.05",
-         "--max-steps", str(steps), "--seed", "0", "--save-steps", "100000", "--logging-steps", "50",
-         "--eval-split", "0.01", "--eval-steps", str(max(50, steps // 6))], log_dir / f"pretrain-{name}.log")
+    cli(
+        [
+            "pretrain",
+            "--dataset",
+            str(corpus),
+            "--output-dir",
+            str(base),
+            "--model-config",
+            str(config),
+            "--vocab-size",
+            "2048",
+            "--max-length",
+            "256",
+            "--batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--lr-scheduler",
+            "cosine",
+            "--warmup-ratio",
+            "0.05",
+            "--max-steps",
+            str(steps),
+            "--seed",
+            "0",
+            "--save-steps",
+            "100000",
+            "--logging-steps",
+            "50",
+            "--eval-split",
+            "0.01",
+            "--eval-steps",
+            str(max(50, steps // 6)),
+        ],
+        log_dir / f"pretrain-{name}.log",
+    )
     return base
 
 
@@ -149,9 +197,25 @@ def pretrain_curve(base: Path) -> list[tuple[int, float]]:
 
 # ------------------------------------------------------------------------------------------------ the studies
 def sft_args(base: Path, files: dict, ood: list[str], steps: int, extra: list[str] = ()) -> list[str]:
-    args = ["--model", str(base), "--dataset", str(files["alpaca_train"]), "--eval-dataset", str(files["alpaca_val"]),
-            "--max-steps", str(steps), "--batch-size", "8", "--max-length", "192", "--save-steps", "100000",
-            "--logging-steps", "50", "--discard-weights"]
+    args = [
+        "--model",
+        str(base),
+        "--dataset",
+        str(files["alpaca_train"]),
+        "--eval-dataset",
+        str(files["alpaca_val"]),
+        "--max-steps",
+        str(steps),
+        "--batch-size",
+        "8",
+        "--max-length",
+        "192",
+        "--save-steps",
+        "100000",
+        "--logging-steps",
+        "50",
+        "--discard-weights",
+    ]
     for key in ood:
         args += ["--ood-eval", str(files[key])]
     return args + list(extra)
@@ -171,8 +235,11 @@ def study_alpaca(ctx: dict) -> dict:
     cells = []
     for gammas, lrs, replay in grid:
         extra = ["--replay-dataset", str(files["pretrain"])] if replay != "0" else []
-        cells += sweep("sft", [*common, *extra, "--llrd", gammas, "--lr", lrs, "--replay-ratio", replay, "--seeds", seeds, "--jobs", "2"],
-                       ctx["out"] / "alpaca")
+        cells += sweep(
+            "sft",
+            [*common, *extra, "--llrd", gammas, "--lr", lrs, "--replay-ratio", replay, "--seeds", seeds, "--jobs", "2"],
+            ctx["out"] / "alpaca",
+        )
     return {"base": base, "cells": cells}
 
 
@@ -183,8 +250,21 @@ def study_loraplus(ctx: dict) -> dict:
     for ratio in ("1", "16"):
         extra = ["--lora-r", "16"] + (["--loraplus-ratio", ratio] if ratio != "1" else [])
         args = sft_args(base, files, ["ood_shakespeare", "ood_code"], 40 if q else 150, extra)
-        out[ratio] = sweep("sft", [*args, "--llrd", "1.0,0.8", "--lr", "5e-4" if q else "5e-4,2e-3", "--seeds", "0" if q else "0,1,2",
-                                   "--jobs", "2"], ctx["out"] / f"loraplus-{ratio}")
+        out[ratio] = sweep(
+            "sft",
+            [
+                *args,
+                "--llrd",
+                "1.0,0.8",
+                "--lr",
+                "5e-4" if q else "5e-4,2e-3",
+                "--seeds",
+                "0" if q else "0,1,2",
+                "--jobs",
+                "2",
+            ],
+            ctx["out"] / f"loraplus-{ratio}",
+        )
     return out
 
 
@@ -195,7 +275,9 @@ def study_depth(ctx: dict) -> dict:
     res = {}
     for blocks in depths:
         name = f"depth{blocks}" + (f"-h{ctx['hidden']}" if ctx.get("hidden", 64) != 64 else "")
-        base = pretrain(ctx["out"], name, files["pretrain_big"], blocks, steps, q, ctx["logs"], hidden=ctx.get("hidden", 64))
+        base = pretrain(
+            ctx["out"], name, files["pretrain_big"], blocks, steps, q, ctx["logs"], hidden=ctx.get("hidden", 64)
+        )
         common = sft_args(base, files, ["ood_shakespeare", "ood_code", "ood_docs"], 40 if q else 150)
         seeds = ctx.get("seeds") or ("0" if q else "0,1,2")
         small = min(depths)
@@ -204,10 +286,36 @@ def study_depth(ctx: dict) -> dict:
         if blocks != small:
             gammas += [f"{0.9 ** ((small - 1) / (blocks - 1)):.4f}", f"{0.8 ** ((small - 1) / (blocks - 1)):.4f}"]
         jobs = str(ctx.get("jobs", 2))
-        cells = sweep("sft", [*common, "--llrd", "1.0", "--lr", ctx.get("flat_lrs") or ("1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3"),
-                              "--seeds", seeds, "--jobs", jobs], ctx["out"] / name)
-        cells += sweep("sft", [*common, "--llrd", ",".join(gammas), "--lr", ctx.get("llrd_lrs") or ("2e-3" if q else "1.2e-3,2e-3"),
-                               "--seeds", seeds, "--jobs", jobs], ctx["out"] / name)
+        cells = sweep(
+            "sft",
+            [
+                *common,
+                "--llrd",
+                "1.0",
+                "--lr",
+                ctx.get("flat_lrs") or ("1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3"),
+                "--seeds",
+                seeds,
+                "--jobs",
+                jobs,
+            ],
+            ctx["out"] / name,
+        )
+        cells += sweep(
+            "sft",
+            [
+                *common,
+                "--llrd",
+                ",".join(gammas),
+                "--lr",
+                ctx.get("llrd_lrs") or ("2e-3" if q else "1.2e-3,2e-3"),
+                "--seeds",
+                seeds,
+                "--jobs",
+                jobs,
+            ],
+            ctx["out"] / name,
+        )
         res[blocks] = {"base": base, "cells": cells, "curve": pretrain_curve(base)}
     return res
 
@@ -218,14 +326,68 @@ def study_dpo(ctx: dict) -> dict:
     sft_model = ctx["out"] / "sft-for-dpo"
     if not (sft_model / "training_complete.json").exists():
         print("  SFT of the base on Alpaca (the DPO starting point) ...", flush=True)
-        cli(["sft", "--model", str(base), "--dataset", str(files["alpaca_train"]), "--output-dir", str(sft_model), "--lr", "1e-3",
-             "--max-steps", "40" if q else "150", "--batch-size", "8", "--max-length", "192", "--seed", "0", "--save-steps", "100000"],
-            ctx["logs"] / "sft-for-dpo.log")
-    args = ["--model", str(sft_model), "--dataset", str(files["dpo"]), "--eval-split", "0.1", "--max-steps", "20" if q else "100",
-            "--batch-size", "8", "--max-length", "256", "--save-steps", "100000", "--logging-steps", "25", "--discard-weights",
-            "--ood-eval", str(files["ood_shakespeare"]), "--ood-eval", str(files["ood_code"])]
-    cells = sweep("dpo", [*args, "--llrd", "1.0,0.8" if q else "1.0,0.9,0.8", "--lr", "1e-4" if q else "3e-5,1e-4,3e-4",
-                          "--seeds", "0" if q else "0,1,2", "--jobs", "2"], ctx["out"] / "dpo")
+        cli(
+            [
+                "sft",
+                "--model",
+                str(base),
+                "--dataset",
+                str(files["alpaca_train"]),
+                "--output-dir",
+                str(sft_model),
+                "--lr",
+                "1e-3",
+                "--max-steps",
+                "40" if q else "150",
+                "--batch-size",
+                "8",
+                "--max-length",
+                "192",
+                "--seed",
+                "0",
+                "--save-steps",
+                "100000",
+            ],
+            ctx["logs"] / "sft-for-dpo.log",
+        )
+    args = [
+        "--model",
+        str(sft_model),
+        "--dataset",
+        str(files["dpo"]),
+        "--eval-split",
+        "0.1",
+        "--max-steps",
+        "20" if q else "100",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "256",
+        "--save-steps",
+        "100000",
+        "--logging-steps",
+        "25",
+        "--discard-weights",
+        "--ood-eval",
+        str(files["ood_shakespeare"]),
+        "--ood-eval",
+        str(files["ood_code"]),
+    ]
+    cells = sweep(
+        "dpo",
+        [
+            *args,
+            "--llrd",
+            "1.0,0.8" if q else "1.0,0.9,0.8",
+            "--lr",
+            "1e-4" if q else "3e-5,1e-4,3e-4",
+            "--seeds",
+            "0" if q else "0,1,2",
+            "--jobs",
+            "2",
+        ],
+        ctx["out"] / "dpo",
+    )
     return {"base": sft_model, "cells": cells}
 
 
@@ -256,19 +418,27 @@ def frontier_rows(summary: list[dict], ood: list[str], x: str = "eval_loss") -> 
 
 
 def table(summary: list[dict], ood: list[str], dpo: bool = False) -> list[str]:
-    head = ["run", "LR", "seeds", "eval loss"] + (["reward accuracy", "reward margin"] if dpo else []) + [f"{n} Δ%" for n in ood]
+    head = (
+        ["run", "LR", "seeds", "eval loss"]
+        + (["reward accuracy", "reward margin"] if dpo else [])
+        + [f"{n} Δ%" for n in ood]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(summary, key=lambda r: (r["replay_ratio"], -r["gamma"], r["lr"])):
         cells = [_label(r), f"{r['lr']:g}", str(r["seeds"]), f"{r['eval_loss']:.4f} ± {r['eval_loss_std']:.4f}"]
         if dpo:
-            cells += [f"{r.get('reward_accuracy', float('nan')):.3f} ± {r.get('reward_accuracy_std', 0):.3f}",
-                      f"{r.get('reward_margin', float('nan')):.3f} ± {r.get('reward_margin_std', 0):.3f}"]
+            cells += [
+                f"{r.get('reward_accuracy', float('nan')):.3f} ± {r.get('reward_accuracy_std', 0):.3f}",
+                f"{r.get('reward_margin', float('nan')):.3f} ± {r.get('reward_margin_std', 0):.3f}",
+            ]
         cells += [f"{r['ood'][n]['change_pct']:+.1f} ± {r['ood'][n]['std']:.1f}" for n in ood]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def plot(summary: list[dict], ood: list[str], path: Path, x: str = "eval_loss", xlabel: str = "in-domain eval loss") -> None:
+def plot(
+    summary: list[dict], ood: list[str], path: Path, x: str = "eval_loss", xlabel: str = "in-domain eval loss"
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -282,8 +452,15 @@ def plot(summary: list[dict], ood: list[str], path: Path, x: str = "eval_loss", 
         for label, rows in sorted(series.items(), key=lambda kv: kv[0] != "flat"):
             rows = sorted(rows, key=lambda r: r["lr"])
             style = dict(lw=2.5, color="black") if label == "flat" else dict(ls="--") if "replay" in label else {}
-            ax.errorbar([r[x] for r in rows], [r["ood"][name]["change_pct"] for r in rows], yerr=[r["ood"][name]["std"] for r in rows],
-                        marker="o", capsize=3, label=label, **style)
+            ax.errorbar(
+                [r[x] for r in rows],
+                [r["ood"][name]["change_pct"] for r in rows],
+                yerr=[r["ood"][name]["std"] for r in rows],
+                marker="o",
+                capsize=3,
+                label=label,
+                **style,
+            )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{name}: perplexity change vs base, %")
         ax.grid(alpha=0.3)
@@ -301,50 +478,107 @@ def report(results: dict, meta: dict, docs: Path, quick: bool) -> None:
     from posttrainllm.sweep import summarize
 
     suffix = "_quick" if quick else ""
-    lines = ["# Results: what layer-wise LR decay does" + (" (quick mode)" if quick else ""), "",
-             f"Produced by `{meta['command']}` on {meta['machine']}; compute per study below. Every run is a normal "
-             "`posttrainllm` command driven by `posttrainllm sweep`. Forgetting = perplexity change of held-out text "
-             f"(the first {OOD_CHARS:,} characters of each set) from before to after the run, measured by the run's own "
-             "`--ood-eval` with windows of its `--max-length`; mean ± std over seeds.", ""]
+    lines = [
+        "# Results: what layer-wise LR decay does" + (" (quick mode)" if quick else ""),
+        "",
+        f"Produced by `{meta['command']}` on {meta['machine']}; compute per study below. Every run is a normal "
+        "`posttrainllm` command driven by `posttrainllm sweep`. Forgetting = perplexity change of held-out text "
+        f"(the first {OOD_CHARS:,} characters of each set) from before to after the run, measured by the run's own "
+        "`--ood-eval` with windows of its `--max-length`; mean ± std over seeds.",
+        "",
+    ]
     if "alpaca" in results:
         s = summarize(results["alpaca"]["cells"])
         ood = ood_names(s)
         plot(s, ood, docs / f"llrd_study{suffix}.png")
-        lines += ["## 1. Alpaca SFT of an 8-block base: layer decay, replay and flat LR tuning", "",
-                  f"Compute: {meta['minutes'].get('alpaca', 0):.0f} min. Base: {meta['bases'].get('alpaca', '')}.", ""]
-        lines += table(s, ood) + ["", f"![frontier](llrd_study{suffix}.png)", "", "Each point vs flat at the same eval loss (flat interpolated along its LR curve):", "",
-                                  "| run | LR | eval loss | " + " | ".join(f"{n} Δ% | flat at same eval" for n in ood) + " |",
-                                  "|" + "---|" * (3 + 2 * len(ood))] + frontier_rows(s, ood) + [""]
+        lines += [
+            "## 1. Alpaca SFT of an 8-block base: layer decay, replay and flat LR tuning",
+            "",
+            f"Compute: {meta['minutes'].get('alpaca', 0):.0f} min. Base: {meta['bases'].get('alpaca', '')}.",
+            "",
+        ]
+        lines += (
+            table(s, ood)
+            + [
+                "",
+                f"![frontier](llrd_study{suffix}.png)",
+                "",
+                "Each point vs flat at the same eval loss (flat interpolated along its LR curve):",
+                "",
+                "| run | LR | eval loss | " + " | ".join(f"{n} Δ% | flat at same eval" for n in ood) + " |",
+                "|" + "---|" * (3 + 2 * len(ood)),
+            ]
+            + frontier_rows(s, ood)
+            + [""]
+        )
     if "loraplus" in results:
-        lines += ["## 2. LoRA+ (λ = 16) with and without layer decay", "",
-                  f"Compute: {meta['minutes'].get('loraplus', 0):.0f} min. LoRA r = 16 (all linear layers), same base and data as §1.", ""]
+        lines += [
+            "## 2. LoRA+ (λ = 16) with and without layer decay",
+            "",
+            f"Compute: {meta['minutes'].get('loraplus', 0):.0f} min. LoRA r = 16 "
+            "(all linear layers), same base and data as §1.",
+            "",
+        ]
         for ratio, cells in results["loraplus"].items():
             s = summarize(cells)
             lines += [f"**λ = {ratio}**", ""] + table(s, ood_names(s)) + [""]
     if "depth" in results:
-        lines += ["## 3. Does the advantage grow with depth?", "",
-                  f"Compute: {meta['minutes'].get('depth', 0):.0f} min. Two bases of the same width (hidden 64), pre-trained on "
-                  "Shakespeare + code + Python documentation; held-out documentation documents are a third OOD set.", ""]
+        lines += [
+            "## 3. Does the advantage grow with depth?",
+            "",
+            f"Compute: {meta['minutes'].get('depth', 0):.0f} min. Two bases of the "
+            "same width (hidden 64), pre-trained on "
+            "Shakespeare + code + Python documentation; held-out documentation documents are a third OOD set.",
+            "",
+        ]
         for blocks, d in results["depth"].items():
             s = summarize(d["cells"])
             ood = ood_names(s)
             plot(s, ood, docs / f"depth{blocks}{suffix}.png")
             curve = ", ".join(f"{step}: {loss:.3f}" for step, loss in d["curve"])
             lines += [f"### {blocks} blocks", "", f"Pre-training held-out loss by step: {curve}.", ""]
-            lines += table(s, ood) + ["", f"![depth {blocks}](depth{blocks}{suffix}.png)", "",
-                                      "| run | LR | eval loss | " + " | ".join(f"{n} Δ% | flat at same eval" for n in ood) + " |",
-                                      "|" + "---|" * (3 + 2 * len(ood))] + frontier_rows(s, ood) + [""]
+            lines += (
+                table(s, ood)
+                + [
+                    "",
+                    f"![depth {blocks}](depth{blocks}{suffix}.png)",
+                    "",
+                    "| run | LR | eval loss | " + " | ".join(f"{n} Δ% | flat at same eval" for n in ood) + " |",
+                    "|" + "---|" * (3 + 2 * len(ood)),
+                ]
+                + frontier_rows(s, ood)
+                + [""]
+            )
     if "dpo" in results:
         s = summarize(results["dpo"]["cells"])
         ood = ood_names(s)
-        lines += ["## 4. DPO", "", f"Compute: {meta['minutes'].get('dpo', 0):.0f} min. Start: the §1 base after 150 flat Alpaca SFT "
-                  "steps at lr 1e-3; DPO on dpo_en_demo.json with 10% of the pairs held out for the reward metrics.", ""]
+        lines += [
+            "## 4. DPO",
+            "",
+            f"Compute: {meta['minutes'].get('dpo', 0):.0f} min. Start: the §1 base after 150 flat Alpaca SFT "
+            "steps at lr 1e-3; DPO on dpo_en_demo.json with 10% of the pairs held out for the reward metrics.",
+            "",
+        ]
         plot(s, ood, docs / f"dpo{suffix}.png", x="reward_accuracy", xlabel="held-out reward accuracy")
-        lines += table(s, ood, dpo=True) + ["", f"![dpo](dpo{suffix}.png)", "",
-                                            "Each point vs flat at the same held-out reward accuracy:", "",
-                                            "| run | LR | reward accuracy | " + " | ".join(f"{n} Δ% | flat at same accuracy" for n in ood) + " |",
-                                            "|" + "---|" * (3 + 2 * len(ood))] + frontier_rows(s, ood, x="reward_accuracy") + [""]
-    lines += ["Raw per-run numbers: `bench/out/study/*/*/results.json` and the cells' `eval_results.json` after a run (not committed).", ""]
+        lines += (
+            table(s, ood, dpo=True)
+            + [
+                "",
+                f"![dpo](dpo{suffix}.png)",
+                "",
+                "Each point vs flat at the same held-out reward accuracy:",
+                "",
+                "| run | LR | reward accuracy | " + " | ".join(f"{n} Δ% | flat at same accuracy" for n in ood) + " |",
+                "|" + "---|" * (3 + 2 * len(ood)),
+            ]
+            + frontier_rows(s, ood, x="reward_accuracy")
+            + [""]
+        )
+    lines += [
+        "Raw per-run numbers: `bench/out/study/*/*/results.json` and the "
+        "cells' `eval_results.json` after a run (not committed).",
+        "",
+    ]
     path = docs / f"results{suffix}.md"
     kept = ""
     if path.exists() and CONCLUSIONS in path.read_text():
@@ -354,7 +588,9 @@ def report(results: dict, meta: dict, docs: Path, quick: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--study", action="append", choices=sorted(STUDIES), help="run only these studies (repeatable); default: all")
+    ap.add_argument(
+        "--study", action="append", choices=sorted(STUDIES), help="run only these studies (repeatable); default: all"
+    )
     ap.add_argument("--quick", action="store_true", help="minutes: tiny bases, few steps, one seed")
     ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "study"), help="work directory (models, cells, logs)")
     ap.add_argument("--docs", default=str(ROOT / "docs"), help="where results.md and the plots go")
@@ -370,9 +606,17 @@ def main() -> None:
     for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
     out = Path(args.out) / ("quick" if args.quick else "full")
-    ctx = {"out": out, "quick": args.quick, "files": prepare_data(out / "data"), "logs": out / "logs", "hidden": args.hidden,
-           "depths": tuple(int(d) for d in args.depths.split(",")) if args.depths else None,
-           "pretrain_steps": args.pretrain_steps, "seeds": args.seeds, "jobs": args.jobs}
+    ctx = {
+        "out": out,
+        "quick": args.quick,
+        "files": prepare_data(out / "data"),
+        "logs": out / "logs",
+        "hidden": args.hidden,
+        "depths": tuple(int(d) for d in args.depths.split(",")) if args.depths else None,
+        "pretrain_steps": args.pretrain_steps,
+        "seeds": args.seeds,
+        "jobs": args.jobs,
+    }
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"minutes": {}, "bases": {}}
     results = {}
@@ -383,7 +627,9 @@ def main() -> None:
         spent = (time.time() - t0) / 60
         if spent > 0.5 or name not in meta["minutes"]:  # a pure re-read keeps the compute of the run that measured it
             meta["minutes"][name] = spent
-        meta["bases"][name] = "8-block llama-style, hidden 64, BPE vocab 2048, 800 pre-training steps (batch 8 × 256 tokens)"
+        meta["bases"][name] = (
+            "8-block llama-style, hidden 64, BPE vocab 2048, 800 pre-training steps (batch 8 × 256 tokens)"
+        )
         meta_path.write_text(json.dumps(meta, indent=2))
     meta.update(command="python bench/llrd_study.py" + (" --quick" if args.quick else ""), machine=machine())
     if not args.no_docs:

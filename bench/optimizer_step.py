@@ -39,8 +39,10 @@ def flat_groups(model, wd: float = WD) -> list[dict]:
 
     decay = set(Trainer.get_decay_parameter_names(None, model))
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [{"params": [p for n, p in named if n in decay], "weight_decay": wd},
-            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    return [
+        {"params": [p for n, p in named if n in decay], "weight_decay": wd},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
 
 
 def llrd_groups(model, gamma: float = GAMMA, wd: float = WD) -> list[dict]:
@@ -144,8 +146,8 @@ class ScaledAdamW:
             torch._foreach_lerp_(self.exp_avg, grads, 1 - beta1)
             torch._foreach_mul_(self.exp_avg_sq, beta2)
             torch._foreach_addcmul_(self.exp_avg_sq, grads, grads, 1 - beta2)
-            bc1 = 1 - beta1 ** t
-            bc2_sqrt = (1 - beta2 ** t) ** 0.5
+            bc1 = 1 - beta1**t
+            bc2_sqrt = (1 - beta2**t) ** 0.5
             step_size = [(lr_i / bc1) * -1 for lr_i in lrs]
             denom = torch._foreach_sqrt(self.exp_avg_sq)
             torch._foreach_div_(denom, bc2_sqrt)
@@ -158,8 +160,11 @@ def exactness(n_steps: int, hidden: int = 128, blocks: int = 8) -> dict:
     import torch
 
     models = [build_model(hidden, blocks, 1000, seed=1) for _ in range(3)]
-    opts = [make_adamw(llrd_groups(models[0]), "foreach"), ScaledAdamW(llrd_groups(models[1])),
-            make_adamw(llrd_groups(models[2]), "fused")]
+    opts = [
+        make_adamw(llrd_groups(models[0]), "foreach"),
+        ScaledAdamW(llrd_groups(models[1])),
+        make_adamw(llrd_groups(models[2]), "fused"),
+    ]
     gen = torch.Generator().manual_seed(123)
     plist = [list(m.parameters()) for m in models]
     for _ in range(n_steps):
@@ -176,9 +181,14 @@ def exactness(n_steps: int, hidden: int = 128, blocks: int = 8) -> dict:
     def rel(a, b):
         return max(((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item() for x, y in zip(a, b))
 
-    moved = max((p - q).abs().max().item() for p, q in zip(plist[0], list(build_model(hidden, blocks, 1000, seed=1).parameters())))
+    moved = max(
+        (p - q).abs().max().item()
+        for p, q in zip(plist[0], list(build_model(hidden, blocks, 1000, seed=1).parameters()))
+    )
     return {
-        "steps": n_steps, "model": f"llama hidden {hidden}, {blocks} blocks", "n_groups_grouped": len(opts[0].param_groups),
+        "steps": n_steps,
+        "model": f"llama hidden {hidden}, {blocks} blocks",
+        "n_groups_grouped": len(opts[0].param_groups),
         "max_param_change_from_init": moved,
         "prototype_vs_grouped_foreach_bitwise_equal": all(torch.equal(a, b) for a, b in zip(plist[0], plist[1])),
         "prototype_vs_grouped_foreach_max_abs_diff": diff(plist[1], plist[0]),
@@ -206,9 +216,13 @@ def main() -> None:
     p.add_argument("--no-prototype", action="store_true", help="skip the single-group prototype")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="parameter / grad / state dtype")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch.set_num_threads (default 1: on a shared 2-core machine a 2-thread OpenMP step waits at "
-                        "barriers for descheduled threads, 10-100x outliers; 0 = torch's choice)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads (default 1: on a shared 2-core machine a 2-thread OpenMP step waits at "
+        "barriers for descheduled threads, 10-100x outliers; 0 = torch's choice)",
+    )
     a = p.parse_args()
 
     import torch
@@ -221,10 +235,22 @@ def main() -> None:
     default_steps = {"fused": 3 if a.quick else 6, "foreach": 1 if a.quick else 2, "default": 1 if a.quick else 2}
     if DEVICE != "cpu":
         default_steps = {k: 10 if a.quick else 30 for k in default_steps}
-    result: dict = {"machine": machine_info(), "argv": sys.argv[1:], "device": DEVICE, "dtype": DTYPE, "reps": reps, "gamma": GAMMA, "lr": LR,
-                    "weight_decay": WD, "models": []}
-    lines = [f"optimizer.step() on {DEVICE} ({DTYPE}, {torch.get_num_threads()} CPU threads): LLRD (γ={GAMMA}, wd={WD}) / flat HF 2-group AdamW — "
-             f"median over rounds (one step of each contender per round, order rotated; {reps} × steps-per-impl rounds)"]
+    result: dict = {
+        "machine": machine_info(),
+        "argv": sys.argv[1:],
+        "device": DEVICE,
+        "dtype": DTYPE,
+        "reps": reps,
+        "gamma": GAMMA,
+        "lr": LR,
+        "weight_decay": WD,
+        "models": [],
+    }
+    lines = [
+        f"optimizer.step() on {DEVICE} ({DTYPE}, {torch.get_num_threads()} CPU "
+        f"threads): LLRD (γ={GAMMA}, wd={WD}) / flat HF 2-group AdamW — "
+        f"median over rounds (one step of each contender per round, order rotated; {reps} × steps-per-impl rounds)"
+    ]
 
     for blocks in [int(b) for b in a.blocks.split(",")]:
         log(f"building llama hidden {a.hidden}, {blocks} blocks ...")
@@ -232,10 +258,20 @@ def main() -> None:
         params = list(model.parameters())
         n_params = sum(p.numel() for p in params)
         fg, lg = flat_groups(model), llrd_groups(model)
-        entry = {"hidden": a.hidden, "blocks": blocks, "vocab": a.vocab, "params": n_params, "tensors": len(params),
-                 "flat_groups": len(fg), "llrd_groups": len(lg), "impls": {}}
-        lines.append(f"\nllama hidden {a.hidden}, {blocks} blocks, vocab {a.vocab}: {fmt_count(n_params)} params, "
-                     f"{len(params)} tensors; flat {len(fg)} groups, LLRD {len(lg)} groups")
+        entry = {
+            "hidden": a.hidden,
+            "blocks": blocks,
+            "vocab": a.vocab,
+            "params": n_params,
+            "tensors": len(params),
+            "flat_groups": len(fg),
+            "llrd_groups": len(lg),
+            "impls": {},
+        }
+        lines.append(
+            f"\nllama hidden {a.hidden}, {blocks} blocks, vocab {a.vocab}: {fmt_count(n_params)} params, "
+            f"{len(params)} tensors; flat {len(fg)} groups, LLRD {len(lg)} groups"
+        )
         for impl in a.impls.split(","):
             steps = a.steps or default_steps[impl]
             opt_flat, opt_llrd = make_adamw(fg, impl), make_adamw(lg, impl)
@@ -244,11 +280,19 @@ def main() -> None:
             log(f"  {impl}: {rounds} rounds ...")
             res = alternate({"flat": stepper(opt_flat, 1), "llrd": stepper(opt_llrd, 1)}, rounds)
             r = ratios(res, "llrd", "flat")
-            entry["impls"][impl] = {"rounds": rounds, "flat_step_s": median(res["flat"]),
-                                    "llrd_step_s": median(res["llrd"]), "ratio_llrd_over_flat": median(r),
-                                    "ratio_min_max": spread(r), "raw": res}
-            lines.append(f"  {impl:8s} flat {median(res['flat']) * 1e3:8.1f} ms/step   LLRD {median(res['llrd']) * 1e3:8.1f} ms/step"
-                         f"   ratio {median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})")
+            entry["impls"][impl] = {
+                "rounds": rounds,
+                "flat_step_s": median(res["flat"]),
+                "llrd_step_s": median(res["llrd"]),
+                "ratio_llrd_over_flat": median(r),
+                "ratio_min_max": spread(r),
+                "raw": res,
+            }
+            lines.append(
+                f"  {impl:8s} flat {median(res['flat']) * 1e3:8.1f} ms/step   LLRD "
+                f"{median(res['llrd']) * 1e3:8.1f} ms/step"
+                f"   ratio {median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})"
+            )
             del opt_flat, opt_llrd
             gc.collect()
         result["models"].append(entry)
@@ -261,8 +305,12 @@ def main() -> None:
         small = build_model(64, big["blocks"], 512)
         sp = list(small.parameters())
         ks = sorted({1, 2, 4, 8, big["llrd_groups"], 2 * big["llrd_groups"], len(sp)})
-        over = {"model": f"llama hidden 64, {big['blocks']} blocks, vocab 512 ({len(sp)} tensors, {fmt_count(sum(p.numel() for p in sp))} params)",
-                "k": ks, "impls": {}}
+        over = {
+            "model": f"llama hidden 64, {big['blocks']} blocks, vocab 512 ({len(sp)} "
+            f"tensors, {fmt_count(sum(p.numel() for p in sp))} params)",
+            "k": ks,
+            "impls": {},
+        }
         lines.append(f"\nper-group cost: {over['model']} cut into k groups")
         for impl in a.impls.split(","):
             opts = {k: make_adamw(chunk_groups(sp, k), impl) for k in ks}
@@ -274,12 +322,19 @@ def main() -> None:
             slope, icpt = lsq_slope([float(k) for k in ks], ys)
             extra = big["llrd_groups"] - big["flat_groups"]
             flat_t = big["impls"][impl]["flat_step_s"]
-            over["impls"][impl] = {"step_s_by_k": dict(zip(map(str, ks), ys)), "us_per_group": slope * 1e6,
-                                   "intercept_s": icpt, "implied_llrd_extra_s": slope * extra,
-                                   "implied_llrd_overhead_fraction": slope * extra / flat_t}
+            over["impls"][impl] = {
+                "step_s_by_k": dict(zip(map(str, ks), ys)),
+                "us_per_group": slope * 1e6,
+                "intercept_s": icpt,
+                "implied_llrd_extra_s": slope * extra,
+                "implied_llrd_overhead_fraction": slope * extra / flat_t,
+            }
             lines.append(f"  {impl:8s} " + "  ".join(f"k={k}: {y * 1e3:.2f} ms" for k, y in zip(ks, ys)))
-            lines.append(f"           → {slope * 1e6:.1f} µs per group per step; LLRD's {extra} extra groups on the "
-                         f"{big['blocks']}-block model: {slope * extra * 1e3:.2f} ms = {100 * slope * extra / flat_t:.2f}% of its flat step")
+            lines.append(
+                f"           → {slope * 1e6:.1f} µs per group per step; LLRD's {extra} extra groups on the "
+                f"{big['blocks']}-block model: {slope * extra * 1e3:.2f} ms = "
+                f"{100 * slope * extra / flat_t:.2f}% of its flat step"
+            )
             del opts
             gc.collect()
         result["per_group_cost"] = over
@@ -289,29 +344,46 @@ def main() -> None:
         log("prototype: exactness ...")
         ex = exactness(10 if a.quick else 30)
         result["prototype_exactness"] = ex
-        lines.append(f"\nsingle-group prototype (per-tensor LR multipliers, torch._foreach_* with scalar lists), "
-                     f"{ex['steps']} steps on {ex['model']} vs grouped foreach AdamW ({ex['n_groups_grouped']} groups): "
-                     f"bitwise equal {ex['prototype_vs_grouped_foreach_bitwise_equal']}, max |Δ| "
-                     f"{ex['prototype_vs_grouped_foreach_max_abs_diff']:.3g} (params moved up to {ex['max_param_change_from_init']:.3g}); "
-                     f"grouped fused vs grouped foreach max |Δ| {ex['grouped_fused_vs_grouped_foreach_max_abs_diff']:.3g}")
+        lines.append(
+            f"\nsingle-group prototype (per-tensor LR multipliers, torch._foreach_* with scalar lists), "
+            f"{ex['steps']} steps on {ex['model']} vs grouped foreach AdamW ({ex['n_groups_grouped']} groups): "
+            f"bitwise equal {ex['prototype_vs_grouped_foreach_bitwise_equal']}, max |Δ| "
+            f"{ex['prototype_vs_grouped_foreach_max_abs_diff']:.3g} (params moved "
+            f"up to {ex['max_param_change_from_init']:.3g}); "
+            f"grouped fused vs grouped foreach max |Δ| {ex['grouped_fused_vs_grouped_foreach_max_abs_diff']:.3g}"
+        )
         log("prototype: timing ...")
         model = build_model(a.hidden, big["blocks"], a.vocab)
         fg, lg = flat_groups(model), llrd_groups(model)
-        opts = {"flat_foreach": make_adamw(fg, "foreach"), "llrd_foreach": make_adamw(lg, "foreach"), "single_group_proto": ScaledAdamW(lg)}
+        opts = {
+            "flat_foreach": make_adamw(fg, "foreach"),
+            "llrd_foreach": make_adamw(lg, "foreach"),
+            "single_group_proto": ScaledAdamW(lg),
+        }
         for o in opts.values():
             o.step()
         steps = a.steps or default_steps["foreach"]
         res = alternate({k: stepper(o, 1) for k, o in opts.items()}, reps * steps)
         r1, r2 = ratios(res, "single_group_proto", "llrd_foreach"), ratios(res, "single_group_proto", "flat_foreach")
-        result["prototype_timing"] = {"model": f"hidden {a.hidden}, {big['blocks']} blocks", "step_s": {k: median(v) for k, v in res.items()},
-                                      "ratio_proto_over_llrd_foreach": median(r1), "ratio_proto_over_flat_foreach": median(r2), "raw": res}
-        lines.append(f"  timing on the {big['blocks']}-block model: " + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in res.items())
-                     + f"; proto/LLRD-foreach {median(r1):.3f}, proto/flat-foreach {median(r2):.3f}")
+        result["prototype_timing"] = {
+            "model": f"hidden {a.hidden}, {big['blocks']} blocks",
+            "step_s": {k: median(v) for k, v in res.items()},
+            "ratio_proto_over_llrd_foreach": median(r1),
+            "ratio_proto_over_flat_foreach": median(r2),
+            "raw": res,
+        }
+        lines.append(
+            f"  timing on the {big['blocks']}-block model: "
+            + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in res.items())
+            + f"; proto/LLRD-foreach {median(r1):.3f}, proto/flat-foreach {median(r2):.3f}"
+        )
         del opts, model
 
     m = result["machine"]
-    lines.append(f"\nmachine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads), "
-                 f"load at start {m.get('loadavg_at_start')}, {m['date']}")
+    lines.append(
+        f"\nmachine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads), "
+        f"load at start {m.get('loadavg_at_start')}, {m['date']}"
+    )
     emit(result, a.json, "\n".join(lines))
 
 

@@ -56,10 +56,16 @@ def main() -> None:
     r = ratios(res, "posttrainllm sft --help", "trl sft --help")
     med = {k: median(v) for k, v in res.items()}
     result = {
-        "machine": machine_info(torch_needed=False), "argv": sys.argv[1:], "reps": reps,
-        "wall_s": med, "wall_min_max_s": {k: spread(v) for k, v in res.items()}, "raw": res,
-        "ratio_posttrainllm_sft_over_trl_sft": median(r), "ratio_min_max": spread(r),
-        "target_le_1s": med["posttrainllm sft --help"] <= 1.0, "target_le_0.1x": median(r) <= 0.1,
+        "machine": machine_info(torch_needed=False),
+        "argv": sys.argv[1:],
+        "reps": reps,
+        "wall_s": med,
+        "wall_min_max_s": {k: spread(v) for k, v in res.items()},
+        "raw": res,
+        "ratio_posttrainllm_sft_over_trl_sft": median(r),
+        "ratio_min_max": spread(r),
+        "target_le_1s": med["posttrainllm sft --help"] <= 1.0,
+        "target_le_0.1x": median(r) <= 0.1,
     }
     top = importtime_top(["-m", "posttrainllm", "sft", "--help"])
     result["importtime_top_posttrainllm_sft_help"] = top
@@ -67,12 +73,22 @@ def main() -> None:
     for k, v in med.items():
         lo, hi = spread(res[k])
         lines.append(f"  {k:26s} {v:6.3f} s  (min {lo:.3f}, max {hi:.3f})")
-    lines.append(f"  ratio posttrainllm sft --help / trl sft --help: {median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})")
-    lines.append(f"  targets: ≤ 1 s {'met' if result['target_le_1s'] else 'NOT met'}; ≤ 0.1× {'met' if result['target_le_0.1x'] else 'NOT met'}")
-    lines.append("  python -X importtime -m posttrainllm sft --help, top-level imports (cumulative s): "
-                 + ", ".join(f"{n} {t:.3f}" for n, t in top[:8]))
+    lines.append(
+        f"  ratio posttrainllm sft --help / trl sft --help: {median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})"
+    )
+    lines.append(
+        f"  targets: ≤ 1 s {'met' if result['target_le_1s'] else 'NOT met'}; ≤ "
+        f"0.1× {'met' if result['target_le_0.1x'] else 'NOT met'}"
+    )
+    lines.append(
+        "  python -X importtime -m posttrainllm sft --help, top-level imports (cumulative s): "
+        + ", ".join(f"{n} {t:.3f}" for n, t in top[:8])
+    )
     m = result["machine"]
-    lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), python {m['python']}, load at start {m.get('loadavg_at_start')}, {m['date']}")
+    lines.append(
+        f"machine: {m['nproc']} CPUs ({m['cpu']}), python {m['python']}, load "
+        f"at start {m.get('loadavg_at_start')}, {m['date']}"
+    )
     emit(result, a.json, "\n".join(lines))
 
 

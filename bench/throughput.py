@@ -46,7 +46,9 @@ RESULT_TAG = "TRL_RESULT "
 
 
 # ------------------------------------------------------------------------------------------------- TRL worker
-def trl_worker(model_dir: str, dataset: str, out: str, steps: int, batch: int, max_length: int, precision: str = "fp32") -> None:
+def trl_worker(
+    model_dir: str, dataset: str, out: str, steps: int, batch: int, max_length: int, precision: str = "fp32"
+) -> None:
     """The plain TRL script (what a user would write by hand). Prints one JSON line with its metrics."""
     t_start = time.perf_counter()
     import torch
@@ -63,10 +65,24 @@ def trl_worker(model_dir: str, dataset: str, out: str, steps: int, batch: int, m
     ds = load_dataset("json", data_files=dataset, split="train")
     ds = ds.map(to_pc, remove_columns=ds.column_names)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-    args = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_length=max_length,
-                     learning_rate=LR, optim="adamw_torch", seed=42, bf16=precision == "bf16", gradient_checkpointing=False,
-                     report_to=[], save_strategy="no", logging_steps=10, packing=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.bfloat16 if precision == "bf16" else torch.float32
+    )
+    args = SFTConfig(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        max_length=max_length,
+        learning_rate=LR,
+        optim="adamw_torch",
+        seed=42,
+        bf16=precision == "bf16",
+        gradient_checkpointing=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10,
+        packing=False,
+    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     t_setup = time.perf_counter()
     metrics = trainer.train().metrics
@@ -74,15 +90,73 @@ def trl_worker(model_dir: str, dataset: str, out: str, steps: int, batch: int, m
     trainer.save_model(out)
     t_end = time.perf_counter()
     num_tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
-    print(RESULT_TAG + json.dumps({"metrics": metrics, "num_tokens": num_tokens[-1] if num_tokens else None,
-                                   "imports_s": t_imports - t_start, "setup_s": t_setup - t_imports,
-                                   "train_call_s": t_train - t_setup, "save_s": t_end - t_train}), flush=True)
+    print(
+        RESULT_TAG
+        + json.dumps(
+            {
+                "metrics": metrics,
+                "num_tokens": num_tokens[-1] if num_tokens else None,
+                "imports_s": t_imports - t_start,
+                "setup_s": t_setup - t_imports,
+                "train_call_s": t_train - t_setup,
+                "save_s": t_end - t_train,
+            }
+        ),
+        flush=True,
+    )
 
 
 # ------------------------------------------------------------------------------------------------- setup
-WORDS = ("data model train learn layer token weight value loss rate step batch graph query answer list sort "
-         "number string file read write parse split merge count table column row index key map filter reduce "
-         "cache memory thread process network server client request response error test check build run").split()
+WORDS = [
+    "data",
+    "model",
+    "train",
+    "learn",
+    "layer",
+    "token",
+    "weight",
+    "value",
+    "loss",
+    "rate",
+    "step",
+    "batch",
+    "graph",
+    "query",
+    "answer",
+    "list",
+    "sort",
+    "number",
+    "string",
+    "file",
+    "read",
+    "write",
+    "parse",
+    "split",
+    "merge",
+    "count",
+    "table",
+    "column",
+    "row",
+    "index",
+    "key",
+    "map",
+    "filter",
+    "reduce",
+    "cache",
+    "memory",
+    "thread",
+    "process",
+    "network",
+    "server",
+    "client",
+    "request",
+    "response",
+    "error",
+    "test",
+    "check",
+    "build",
+    "run",
+]
 
 
 def gen_rows(n: int, seed: int = 0) -> list[dict]:
@@ -102,14 +176,15 @@ def gen_rows(n: int, seed: int = 0) -> list[dict]:
 
 def setup(root: Path, n_rows: int, hidden: int, blocks: int, vocab: int) -> dict:
     import torch
+    from common import llama_config
     from transformers import AutoModelForCausalLM
 
-    from common import llama_config
     from posttrainllm import data as ptdata
     from posttrainllm.models import train_bpe_tokenizer
 
-    assert (ptdata.ALPACA_PROMPT, ptdata.ALPACA_PROMPT_NO_INPUT) == (ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT), \
+    assert (ptdata.ALPACA_PROMPT, ptdata.ALPACA_PROMPT_NO_INPUT) == (ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT), (
         "posttrainllm's Alpaca template changed: update bench/throughput.py"
+    )
     rows = gen_rows(n_rows)
     dataset = root / "alpaca.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -123,32 +198,83 @@ def setup(root: Path, n_rows: int, hidden: int, blocks: int, vocab: int) -> dict
     model.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     lens = sorted(len(tok(ALPACA_PROMPT.format(**r) + r["output"]).input_ids) for r in rows[:200])
-    return {"dataset": str(dataset), "model_dir": str(model_dir), "rows": n_rows, "vocab": len(tok),
-            "params": sum(p.numel() for p in model.parameters()), "hidden": hidden, "blocks": blocks,
-            "tokens_per_row_median": lens[len(lens) // 2], "tokens_per_row_max": lens[-1]}
+    return {
+        "dataset": str(dataset),
+        "model_dir": str(model_dir),
+        "rows": n_rows,
+        "vocab": len(tok),
+        "params": sum(p.numel() for p in model.parameters()),
+        "hidden": hidden,
+        "blocks": blocks,
+        "tokens_per_row_median": lens[len(lens) // 2],
+        "tokens_per_row_max": lens[-1],
+    }
 
 
 # ------------------------------------------------------------------------------------------------- contenders
-def contender(kind: str, info: dict, root: Path, steps: int, batch: int, max_length: int, env: dict, counter: list,
-              precision: str = "fp32"):
+def contender(
+    kind: str,
+    info: dict,
+    root: Path,
+    steps: int,
+    batch: int,
+    max_length: int,
+    env: dict,
+    counter: list,
+    precision: str = "fp32",
+):
     from common import VENV_BIN, run_cmd
 
     def run() -> dict:
         counter[0] += 1
         out = root / f"run{counter[0]}_{kind}"
         if kind == "trl":
-            argv = [sys.executable, __file__, "--trl-worker", info["model_dir"], info["dataset"], str(out), str(steps), str(batch), str(max_length), precision]
+            argv = [
+                sys.executable,
+                __file__,
+                "--trl-worker",
+                info["model_dir"],
+                info["dataset"],
+                str(out),
+                str(steps),
+                str(batch),
+                str(max_length),
+                precision,
+            ]
         else:
             exe = VENV_BIN / "posttrainllm"
-            argv = [str(exe) if exe.exists() else "posttrainllm", "sft", "--model", info["model_dir"], "--dataset", info["dataset"],
-                    "--output-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch), "--max-length", str(max_length),
-                    "--precision", precision, "--save-steps", str(steps + 1000), "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]
+            argv = [
+                str(exe) if exe.exists() else "posttrainllm",
+                "sft",
+                "--model",
+                info["model_dir"],
+                "--dataset",
+                info["dataset"],
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                str(steps),
+                "--batch-size",
+                str(batch),
+                "--max-length",
+                str(max_length),
+                "--precision",
+                precision,
+                "--save-steps",
+                str(steps + 1000),
+                "--logging-steps",
+                "10",
+                "--lr",
+                str(LR),
+                "--seed",
+                "42",
+            ]
             if kind == "llrd":
                 argv += ["--llrd", "0.9"]
         wall, proc = run_cmd(argv, env=env)
         if kind == "trl":
             line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG))
-            r = json.loads(line[len(RESULT_TAG):])
+            r = json.loads(line[len(RESULT_TAG) :])
             metrics, num_tokens = r["metrics"], r["num_tokens"]
             extra = {k: r[k] for k in ("imports_s", "setup_s", "train_call_s", "save_s")}
         else:
@@ -161,9 +287,15 @@ def contender(kind: str, info: dict, root: Path, steps: int, batch: int, max_len
             extra["n_groups"] = len(groups)
         shutil.rmtree(out, ignore_errors=True)
         rt = metrics["train_runtime"]
-        return {"wall_s": wall, "train_runtime_s": rt, "samples_per_s": metrics["train_samples_per_second"],
-                "tokens_per_s": num_tokens / rt if num_tokens else None, "num_tokens": num_tokens,
-                "train_loss": metrics.get("train_loss"), **extra}
+        return {
+            "wall_s": wall,
+            "train_runtime_s": rt,
+            "samples_per_s": metrics["train_samples_per_second"],
+            "tokens_per_s": num_tokens / rt if num_tokens else None,
+            "num_tokens": num_tokens,
+            "train_loss": metrics.get("train_loss"),
+            **extra,
+        }
 
     return run
 
@@ -190,8 +322,14 @@ def main() -> None:
     a = p.parse_args()
     reps = a.reps or (2 if a.quick else 4)
     steps = a.steps or (10 if a.quick else 30)
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TQDM_DISABLE": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     if a.threads > 0:
         env.update(OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     machine = machine_info()  # before the runs: the load average is the one at start
@@ -201,17 +339,33 @@ def main() -> None:
         info = setup(root, a.rows, a.hidden, a.blocks, a.vocab)
         counter = [0]
         names = ["llrd", "flat", "trl"]
-        runs = {n: contender(n, info, root, steps, a.batch_size, a.max_length, env, counter, a.precision) for n in names}
+        runs = {
+            n: contender(n, info, root, steps, a.batch_size, a.max_length, env, counter, a.precision) for n in names
+        }
         res: dict[str, list[dict]] = {n: [] for n in names}
         for rep in range(reps):
             for n in order_for(rep, names):
                 log(f"rep {rep + 1}/{reps}: {n} ...")
                 res[n].append(runs[n]())
-        result = {"machine": machine, "argv": sys.argv[1:], "reps": reps, "steps": steps, "batch_size": a.batch_size,
-                  "max_length": a.max_length, "precision": a.precision, "threads": a.threads, "setup": info, "raw": res, "median": {}, "ratios": {}}
+        result = {
+            "machine": machine,
+            "argv": sys.argv[1:],
+            "reps": reps,
+            "steps": steps,
+            "batch_size": a.batch_size,
+            "max_length": a.max_length,
+            "precision": a.precision,
+            "threads": a.threads,
+            "setup": info,
+            "raw": res,
+            "median": {},
+            "ratios": {},
+        }
         for n in names:
-            result["median"][n] = {k: median([r[k] for r in res[n] if r.get(k) is not None])
-                                   for k in ("samples_per_s", "tokens_per_s", "train_runtime_s", "wall_s")}
+            result["median"][n] = {
+                k: median([r[k] for r in res[n] if r.get(k) is not None])
+                for k in ("samples_per_s", "tokens_per_s", "train_runtime_s", "wall_s")
+            }
             for k in ("imports_s", "setup_s", "train_call_s", "save_s"):
                 if k in res[n][0]:
                     result["median"][n][k] = median([r[k] for r in res[n]])
@@ -225,22 +379,42 @@ def main() -> None:
         r_ft = result["ratios"]["flat/trl"]["samples_per_s"]["median"]
         result["targets"] = {"llrd/flat >= 0.97": r_lf >= 0.97, "flat/trl >= 0.95": r_ft >= 0.95}
         mach = result["machine"]
-        lines = [f"SFT throughput, {steps} steps × batch {a.batch_size}, max length {a.max_length}, {a.precision}, "
-                 f"OMP_NUM_THREADS={a.threads or 'unset'}; model llama hidden {a.hidden}, {a.blocks} blocks, vocab {info['vocab']} "
-                 f"({fmt_count(info['params'])} params); {info['rows']} Alpaca rows (median {info['tokens_per_row_median']} tokens); "
-                 f"median of {reps} rotated repetitions"]
+        lines = [
+            f"SFT throughput, {steps} steps × batch {a.batch_size}, max length {a.max_length}, {a.precision}, "
+            f"OMP_NUM_THREADS={a.threads or 'unset'}; model llama hidden "
+            f"{a.hidden}, {a.blocks} blocks, vocab {info['vocab']} "
+            f"({fmt_count(info['params'])} params); {info['rows']} Alpaca rows "
+            f"(median {info['tokens_per_row_median']} tokens); "
+            f"median of {reps} rotated repetitions"
+        ]
         for n in names:
             md = result["median"][n]
-            lines.append(f"  {n:5s} {md['samples_per_s']:7.3f} samples/s  {md['tokens_per_s'] or float('nan'):8.1f} tokens/s  "
-                         f"train_runtime {md['train_runtime_s']:6.2f} s  wall {md['wall_s']:6.2f} s"
-                         + (f"  (TRL script: imports {md['imports_s']:.2f} s, setup {md['setup_s']:.2f} s, save {md['save_s']:.2f} s)" if "imports_s" in md else ""))
+            lines.append(
+                f"  {n:5s} {md['samples_per_s']:7.3f} samples/s  {md['tokens_per_s'] or float('nan'):8.1f} tokens/s  "
+                f"train_runtime {md['train_runtime_s']:6.2f} s  wall {md['wall_s']:6.2f} s"
+                + (
+                    f"  (TRL script: imports {md['imports_s']:.2f} s, setup "
+                    f"{md['setup_s']:.2f} s, save {md['save_s']:.2f} s)"
+                    if "imports_s" in md
+                    else ""
+                )
+            )
         for key, per in result["ratios"].items():
-            lines.append(f"  {key:10s} samples/s {per['samples_per_s']['median']:.3f} (min {per['samples_per_s']['min_max'][0]:.3f}, "
-                         f"max {per['samples_per_s']['min_max'][1]:.3f})   tokens/s {per['tokens_per_s']['median']:.3f}   wall {per['wall_s']['median']:.3f}")
-        lines.append(f"  targets: llrd/flat ≥ 0.97 {'met' if result['targets']['llrd/flat >= 0.97'] else 'NOT met'}; "
-                     f"flat/TRL ≥ 0.95 {'met' if result['targets']['flat/trl >= 0.95'] else 'NOT met'}")
-        lines.append(f"machine: {mach['nproc']} CPUs ({mach['cpu']}), torch {mach['torch']}, transformers {mach.get('transformers')}, "
-                     f"trl {mach.get('trl')}, load at start {mach.get('loadavg_at_start')}, {mach['date']}")
+            lines.append(
+                f"  {key:10s} samples/s {per['samples_per_s']['median']:.3f} (min "
+                f"{per['samples_per_s']['min_max'][0]:.3f}, "
+                f"max {per['samples_per_s']['min_max'][1]:.3f})   tokens/s "
+                f"{per['tokens_per_s']['median']:.3f}   wall {per['wall_s']['median']:.3f}"
+            )
+        lines.append(
+            f"  targets: llrd/flat ≥ 0.97 {'met' if result['targets']['llrd/flat >= 0.97'] else 'NOT met'}; "
+            f"flat/TRL ≥ 0.95 {'met' if result['targets']['flat/trl >= 0.95'] else 'NOT met'}"
+        )
+        lines.append(
+            f"machine: {mach['nproc']} CPUs ({mach['cpu']}), torch {mach['torch']}, "
+            f"transformers {mach.get('transformers')}, "
+            f"trl {mach.get('trl')}, load at start {mach.get('loadavg_at_start')}, {mach['date']}"
+        )
         emit(result, a.json, "\n".join(lines))
     finally:
         if not a.keep:

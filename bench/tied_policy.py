@@ -33,26 +33,87 @@ def main() -> None:
     out = Path(args.out)
     files = prepare_data(out / "data")
     cfg = out / "base_config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 4,
-                               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-                               "tie_word_embeddings": True}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 176,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 512,
+                "tie_word_embeddings": True,
+            }
+        )
+    )
     base = out / "base"
     if not (base / "training_complete.json").exists():
-        cli(["pretrain", "--dataset", str(files["pretrain"]), "--output-dir", str(base), "--model-config", str(cfg),
-             "--vocab-size", "2048", "--max-length", "256", "--batch-size", "8", "--lr", "1e-3", "--lr-scheduler", "cosine",
-             "--warmup-ratio", "0.05", "--max-steps", "150" if args.quick else "400", "--seed", "0", "--save-steps", "100000",
-             "--logging-steps", "50"], out / "logs" / "pretrain.log")
+        cli(
+            [
+                "pretrain",
+                "--dataset",
+                str(files["pretrain"]),
+                "--output-dir",
+                str(base),
+                "--model-config",
+                str(cfg),
+                "--vocab-size",
+                "2048",
+                "--max-length",
+                "256",
+                "--batch-size",
+                "8",
+                "--lr",
+                "1e-3",
+                "--lr-scheduler",
+                "cosine",
+                "--warmup-ratio",
+                "0.05",
+                "--max-steps",
+                "150" if args.quick else "400",
+                "--seed",
+                "0",
+                "--save-steps",
+                "100000",
+                "--logging-steps",
+                "50",
+            ],
+            out / "logs" / "pretrain.log",
+        )
     common = sft_args(base, files, ["ood_shakespeare", "ood_code"], 40 if args.quick else 100)
     seeds = "0" if args.quick else "0,1,2"
     from posttrainllm.sweep import summarize
 
-    rows = [("flat", "-", r) for r in summarize(sweep("sft", [*common, "--llrd", "1.0", "--lr", "1e-3,2e-3", "--seeds", seeds,
-                                                              "--jobs", "2"], out / "flat"))]
+    rows = [
+        ("flat", "-", r)
+        for r in summarize(
+            sweep("sft", [*common, "--llrd", "1.0", "--lr", "1e-3,2e-3", "--seeds", seeds, "--jobs", "2"], out / "flat")
+        )
+    ]
     for policy in ("embedding", "head"):
-        cells = sweep("sft", [*common, "--tied-embeddings", policy, "--llrd", "0.8", "--lr", "1e-3,2e-3", "--seeds", seeds,
-                              "--jobs", "2"], out / f"tied-{policy}")
+        cells = sweep(
+            "sft",
+            [
+                *common,
+                "--tied-embeddings",
+                policy,
+                "--llrd",
+                "0.8",
+                "--lr",
+                "1e-3,2e-3",
+                "--seeds",
+                seeds,
+                "--jobs",
+                "2",
+            ],
+            out / f"tied-{policy}",
+        )
         rows += [("llrd", policy, r) for r in summarize(cells)]
-    print(f"{'method':8} {'tied LR':10} {'lr':>7} {'eval loss':>18} " + " ".join(f"{n + ' Δ%':>26}" for n in rows[0][2]["ood"]))
+    print(
+        f"{'method':8} {'tied LR':10} {'lr':>7} {'eval loss':>18} "
+        + " ".join(f"{n + ' Δ%':>26}" for n in rows[0][2]["ood"])
+    )
     for method, policy, r in rows:
         ood = " ".join(f"{v['change_pct']:+17.2f} ± {v['std']:.2f}" for v in r["ood"].values())
         print(f"{method:8} {policy:10} {r['lr']:7.0e} {r['eval_loss']:9.4f} ± {r['eval_loss_std']:.4f} {ood}")

@@ -62,7 +62,11 @@ def llrd_row(plan) -> str:
 def tied_row(plan) -> str | None:
     if not plan.tied:
         return None
-    where = "decayed like block_0 (policy 'embedding')" if plan.tied_policy == "embedding" else "base LR like the head (policy 'head')"
+    where = (
+        "decayed like block_0 (policy 'embedding')"
+        if plan.tied_policy == "embedding"
+        else "base LR like the head (policy 'head')"
+    )
     return f"tied input/output embeddings: {plan.tied_param_name} trains at {fmt_lr(plan.tied_lr)}, {where}"
 
 
@@ -99,7 +103,11 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: list[str] = ()) 
         console.print(tied)
     if plan.frozen_param_names:
         frozen_blocks = [r["block"] for r in plan.rows if r.get("frozen")]
-        console.print(f"frozen below scale {plan.freeze_below:g}: {', '.join(frozen_blocks)} ({len(plan.frozen_param_names)} tensors, {fmt_bytes(plan.frozen_state_bytes_saved)} of AdamW state saved)")
+        console.print(
+            f"frozen below scale {plan.freeze_below:g}: {', '.join(frozen_blocks)} "
+            f"({len(plan.frozen_param_names)} tensors, "
+            f"{fmt_bytes(plan.frozen_state_bytes_saved)} of AdamW state saved)"
+        )
     if plan.min_scale > 0:
         console.print(f"LR scale clamped at {plan.min_scale:g} (--llrd-min-scale)")
     for w in list(plan.warnings) + list(notes):
@@ -117,14 +125,18 @@ def print_forgetting(report: dict[str, dict]) -> None:
     console.print(t)
 
 
-def print_summary(metrics: dict[str, Any], output_dir: str, *, first_step: int = 0, last_step: int | None = None) -> None:
+def print_summary(
+    metrics: dict[str, Any], output_dir: str, *, first_step: int = 0, last_step: int | None = None
+) -> None:
     """End of a run: a small table (losses, runtime, throughput, where the model went), not a Python dict.
 
     After a resume, the trainer's train_loss covers only the resumed steps: the row says which steps."""
     t = Table(title="run summary", title_justify="left", show_edge=False, pad_edge=False, show_header=False)
     t.add_column(style="bold")
     t.add_column(justify="right")
-    loss_label = "train loss" if not first_step else f"train loss (steps {first_step + 1}-{last_step}, after the resume)"
+    loss_label = (
+        "train loss" if not first_step else f"train loss (steps {first_step + 1}-{last_step}, after the resume)"
+    )
     rows = [
         (loss_label, metrics.get("train_loss"), "{:.4f}"),
         ("eval loss", metrics.get("eval_loss"), "{:.4f}"),

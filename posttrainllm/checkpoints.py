@@ -34,7 +34,30 @@ EXIT_SIGTERM, EXIT_SIGINT = 143, 130
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 # keys that change what a resumed optimizer would do; resuming with other values is refused by default
-RESUME_KEYS = ("model", "lr", "llrd", "llrd_min_scale", "llrd_freeze_below", "llrd_blocks", "tied_embeddings", "lr_groups", "loraplus_ratio", "weight_decay", "optim", "lr_scheduler", "warmup_ratio", "lora_r", "lora_alpha", "lora_targets", "batch_size", "grad_accum", "max_steps", "epochs", "seed", "model_config")
+RESUME_KEYS = (
+    "model",
+    "lr",
+    "llrd",
+    "llrd_min_scale",
+    "llrd_freeze_below",
+    "llrd_blocks",
+    "tied_embeddings",
+    "lr_groups",
+    "loraplus_ratio",
+    "weight_decay",
+    "optim",
+    "lr_scheduler",
+    "warmup_ratio",
+    "lora_r",
+    "lora_alpha",
+    "lora_targets",
+    "batch_size",
+    "grad_accum",
+    "max_steps",
+    "epochs",
+    "seed",
+    "model_config",
+)
 
 
 def is_rank0() -> bool:
@@ -43,7 +66,9 @@ def is_rank0() -> bool:
 
 def file_sizes(d: Path) -> dict[str, int]:
     """Every file under `d` (relative POSIX path -> size), the COMPLETE marker excepted."""
-    return {f.relative_to(d).as_posix(): f.stat().st_size for f in sorted(d.rglob("*")) if f.is_file() and f.name != MARKER}
+    return {
+        f.relative_to(d).as_posix(): f.stat().st_size for f in sorted(d.rglob("*")) if f.is_file() and f.name != MARKER
+    }
 
 
 def _listed_files_problem(d: Path, files, what: str) -> str | None:
@@ -88,7 +113,9 @@ def checkpoint_dirs(out) -> list[Path]:
     p = Path(out)
     if not p.is_dir():
         return []
-    found = [(int(m.group(1)), d) for d in p.iterdir() if (m := _CKPT.match(d.name)) and d.is_dir() and not d.is_symlink()]
+    found = [
+        (int(m.group(1)), d) for d in p.iterdir() if (m := _CKPT.match(d.name)) and d.is_dir() and not d.is_symlink()
+    ]
     return [d for _, d in sorted(found)]
 
 
@@ -123,14 +150,23 @@ def _saved_config(out) -> dict | None:
 def config_diffs(out, current: dict) -> list[str]:
     """The settings that change what a resumed optimizer would do, as 'key: old → new'."""
     saved = _saved_config(out) or {}
-    return [f"{k}: {saved.get(k)!r} → {current.get(k)!r}" for k in RESUME_KEYS if k in saved and k in current and saved.get(k) != current.get(k)]
+    return [
+        f"{k}: {saved.get(k)!r} → {current.get(k)!r}"
+        for k in RESUME_KEYS
+        if k in saved and k in current and saved.get(k) != current.get(k)
+    ]
 
 
 def check_resume_config(out, current: dict, allow_change: bool) -> None:
     """Refuse to resume with a different LR / γ / grouping (PyTorch would silently keep the old group LRs)."""
     diffs = config_diffs(out, current)
     if diffs and not allow_change:
-        raise UsageError(f"--resume with a different configuration than the checkpoint's run ({'; '.join(diffs)}); the resumed optimizer would keep its old per-group LRs. Resume with the original values, or pass --allow-config-change to apply the new ones")
+        raise UsageError(
+            "--resume with a different configuration than the checkpoint's run "
+            f"({'; '.join(diffs)}); the resumed optimizer would keep its old "
+            "per-group LRs. Resume with the original values, or pass "
+            "--allow-config-change to apply the new ones"
+        )
 
 
 def write_run_config(out, current: dict, *, resume: bool) -> None:
@@ -181,7 +217,7 @@ def nonfinite_parameters(model, limit: int = 3) -> list[str]:
     named = [(n, p.detach()) for n, p in named if p.numel() and p.dtype.is_floating_point]
     by_device: dict = {}
     with torch.no_grad():
-        for n, p in named:
+        for _, p in named:
             by_device.setdefault(p.device, []).append(all_finite(p))
         finite = all(bool(torch.stack(flags).all()) for flags in by_device.values())
         if not max_over_ranks(int(not finite)):
@@ -200,7 +236,11 @@ def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
     model = getattr(trainer_or_model, "model", trainer_or_model)
     bad = nonfinite_parameters(model)
     if bad:
-        raise TrainingError(f"the trained weights hold NaN/inf values ({', '.join(bad)}, ...): no final model was written. Training diverged; try a lower --lr, a warmup (--warmup-ratio) or --precision fp32")
+        raise TrainingError(
+            f"the trained weights hold NaN/inf values ({', '.join(bad)}, ...): no "
+            "final model was written. Training diverged; try a lower --lr, a "
+            "warmup (--warmup-ratio) or --precision fp32"
+        )
     outp = Path(out)
     tmp = outp / outdir.HIDDEN / "final-tmp"
     if is_rank0() and tmp.exists():
@@ -218,7 +258,8 @@ def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
         return None
     if not any(tmp.glob("*.safetensors")) and not any(tmp.glob("*.bin")):
         raise TrainingError(
-            f"the final save wrote no model weights into {tmp}, so no final model was written (the checkpoints are kept). "
+            f"the final save wrote no model weights into {tmp}, so no final model "
+            "was written (the checkpoints are kept). "
             "With DeepSpeed ZeRO-3, set stage3_gather_16bit_weights_on_model_save: true in its config"
         )
     if tokenizer is not None:
@@ -265,7 +306,10 @@ class InterruptGuard:
                 raise KeyboardInterrupt
             import sys
 
-            sys.stderr.write("error: stopped by a second SIGTERM; a checkpoint cut short has no COMPLETE marker and --resume skips it\n")
+            sys.stderr.write(
+                "error: stopped by a second SIGTERM; a checkpoint cut short has no "
+                "COMPLETE marker and --resume skips it\n"
+            )
             raise SystemExit(EXIT_SIGTERM)
         self.signum, self._first_at = signum, time.monotonic()
 

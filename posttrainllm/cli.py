@@ -7,7 +7,8 @@ Each command: parse (Typer) → resolve + validate the config (config.py, torch-
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Callable, Optional
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -60,14 +61,25 @@ def _typer_param(o: Opt) -> inspect.Parameter:
     """An inspect.Parameter carrying the Typer option for one table entry (values arrive raw; config validates)."""
     help_text = o.help + (" [required]" if o.required else "")
     if o.type is bool:
-        ann = Annotated[Optional[bool], typer.Option(o.cli_flag, help=help_text, show_default=False, rich_help_panel=o.panel)]
+        ann = Annotated[
+            bool | None, typer.Option(o.cli_flag, help=help_text, show_default=False, rich_help_panel=o.panel)
+        ]
     elif o.type in (list, dict):
-        ann = Annotated[Optional[list[str]], typer.Option(o.cli_flag, help=help_text, metavar=o.metavar, show_default=False, rich_help_panel=o.panel)]
+        ann = Annotated[
+            list[str] | None,
+            typer.Option(o.cli_flag, help=help_text, metavar=o.metavar, show_default=False, rich_help_panel=o.panel),
+        ]
     else:
         shown = None if o.default is None else str(o.default)
         ann = Annotated[
-            Optional[str],
-            typer.Option(o.cli_flag, help=help_text + (f" [default: {shown}]" if shown else ""), metavar=o.metavar or o.type.__name__.upper(), show_default=False, rich_help_panel=o.panel),
+            str | None,
+            typer.Option(
+                o.cli_flag,
+                help=help_text + (f" [default: {shown}]" if shown else ""),
+                metavar=o.metavar or o.type.__name__.upper(),
+                show_default=False,
+                rich_help_panel=o.panel,
+            ),
         ]
     return inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
 
@@ -89,7 +101,11 @@ def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__name__ = name
     command.__doc__ = help_text
-    cls = type(f"{name.title()}Command", (OptionalValueCommand,), {"bare_values": {o.cli_flag: str(o.bare) for o in opts if o.bare is not None}})
+    cls = type(
+        f"{name.title()}Command",
+        (OptionalValueCommand,),
+        {"bare_values": {o.cli_flag: str(o.bare) for o in opts if o.bare is not None}},
+    )
     app.command(name, cls=cls, help=help_text)(command)
 
 
@@ -154,13 +170,35 @@ def _demo(cfg):
     demo.run_demo(cfg)
 
 
-_register("pretrain", "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).", _pretrain)
-_register("sft", "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).", _train)
-_register("dpo", "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).", _train)
+_register(
+    "pretrain",
+    "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).",
+    _pretrain,
+)
+_register(
+    "sft",
+    "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).",
+    _train,
+)
+_register(
+    "dpo",
+    "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).",
+    _train,
+)
 _register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _train)
-_register("eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval)
-_register("generate", "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.", _generate)
-_register("demo", "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.", _demo)
+_register(
+    "eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval
+)
+_register(
+    "generate",
+    "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.",
+    _generate,
+)
+_register(
+    "demo",
+    "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
+    _demo,
+)
 
 
 SWEEP_HELP = """Choose γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every cell of a grid and
@@ -187,7 +225,9 @@ Every cell is a normal COMMAND run (its options as usual, --eval-split or --eval
 
 
 @app.command("sweep", help=SWEEP_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def _sweep_command(ctx: typer.Context, command: Annotated[str, typer.Argument(help="sft, dpo or finetune", metavar="COMMAND")]) -> None:
+def _sweep_command(
+    ctx: typer.Context, command: Annotated[str, typer.Argument(help="sft, dpo or finetune", metavar="COMMAND")]
+) -> None:
     args = list(ctx.args)
     debug = "--debug" in args
 
@@ -220,7 +260,10 @@ def _version_callback(value: bool):
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Show the version and exit.")] = None,
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Show the version and exit."),
+    ] = None,
 ):
     """LLM post-training with layer-wise learning-rate decay."""
 

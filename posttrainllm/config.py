@@ -12,9 +12,10 @@ import os
 import re
 import reprlib
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from posttrainllm.constants import TIED_POLICIES
 from posttrainllm.errors import ConfigErrors, UsageError, shorten
@@ -28,7 +29,17 @@ LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
 LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"
 
-SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay")
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "all")
 
@@ -71,7 +82,11 @@ def lr_factor(item):
         re.compile(pattern)
     except re.error as e:
         return f"pattern {shorten(pattern, 60)!r} is not a valid regular expression ({e})"
-    return None if math.isfinite(factor) and factor >= 0 else f"factor of {shorten(pattern, 60)!r} must be a finite number >= 0 (0 freezes)"
+    return (
+        None
+        if math.isfinite(factor) and factor >= 0
+        else f"factor of {shorten(pattern, 60)!r} must be a finite number >= 0 (0 freezes)"
+    )
 
 
 def positive_int(v):
@@ -120,95 +135,534 @@ class Opt:
 
 OPTIONS: tuple[Opt, ...] = (
     # what to train on
-    Opt("model", str, None, "Model to start from: a local directory or a Hugging Face hub id.", POST_TRAINING, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
-    Opt("dataset", str, None, "Training data: a local file (.json .jsonl .csv .parquet .txt) or a hub dataset id.", TRAINING, metavar="PATH_OR_HUB_ID", required=True, panel="Inputs"),
-    Opt("output_dir", str, None, "Directory for the trained model, checkpoints and run records (default: runs/COMMAND-NAME, NAME from --model, or --dataset for pretrain).", TRAINING, metavar="DIR", panel="Inputs"),
-    Opt("eval_dataset", str, None, "Separate validation data (same shape as --dataset).", TRAINING, metavar="PATH_OR_HUB_ID", panel="Inputs"),
-    Opt("eval_split", float, 0.0, "Fraction of --dataset held out for validation (0 = none).", TRAINING, fraction_below_one, "FRACTION", panel="Inputs"),
-    Opt("max_samples", int, None, "Use at most this many training examples.", TRAINING, positive_int, "N", panel="Inputs"),
-    Opt("streaming", bool, False, "Read --dataset (and --replay-dataset) as a stream, converted as training reads it: for corpora bigger than RAM or disk. Needs --max-steps; --eval-split takes the eval rows from the head of the stream.", TRAINING, panel="Inputs"),
-    Opt("dataset_num_proc", int, 1, "Processes for converting and tokenizing the data (datasets' num_proc, also used for TRL's tokenization).", TRAINING, positive_int, "N", panel="Inputs"),
-    Opt("ref_model", str, None, "DPO reference model (default: a frozen copy of --model).", ("dpo",), metavar="PATH_OR_HUB_ID", panel="Inputs"),
-    Opt("model_config", str, "small", "Preset (tiny, small, base) or a config.json path for the from-scratch model.", ("pretrain",), metavar="PRESET_OR_PATH", panel="Inputs"),
-    Opt("vocab_size", int, 4096, "Vocabulary size of the byte-level BPE tokenizer trained on the corpus.", ("pretrain",), positive_int, "N", panel="Inputs"),
-    Opt("trust_remote_code", bool, False, "Allow model repositories to run their own Python code (off by default).", POST_TRAINING + ("eval", "generate"), panel="Inputs"),
+    Opt(
+        "model",
+        str,
+        None,
+        "Model to start from: a local directory or a Hugging Face hub id.",
+        POST_TRAINING,
+        metavar="PATH_OR_HUB_ID",
+        required=True,
+        panel="Inputs",
+    ),
+    Opt(
+        "dataset",
+        str,
+        None,
+        "Training data: a local file (.json .jsonl .csv .parquet .txt) or a hub dataset id.",
+        TRAINING,
+        metavar="PATH_OR_HUB_ID",
+        required=True,
+        panel="Inputs",
+    ),
+    Opt(
+        "output_dir",
+        str,
+        None,
+        "Directory for the trained model, checkpoints and run records "
+        "(default: runs/COMMAND-NAME, NAME from --model, or --dataset for pretrain).",
+        TRAINING,
+        metavar="DIR",
+        panel="Inputs",
+    ),
+    Opt(
+        "eval_dataset",
+        str,
+        None,
+        "Separate validation data (same shape as --dataset).",
+        TRAINING,
+        metavar="PATH_OR_HUB_ID",
+        panel="Inputs",
+    ),
+    Opt(
+        "eval_split",
+        float,
+        0.0,
+        "Fraction of --dataset held out for validation (0 = none).",
+        TRAINING,
+        fraction_below_one,
+        "FRACTION",
+        panel="Inputs",
+    ),
+    Opt(
+        "max_samples",
+        int,
+        None,
+        "Use at most this many training examples.",
+        TRAINING,
+        positive_int,
+        "N",
+        panel="Inputs",
+    ),
+    Opt(
+        "streaming",
+        bool,
+        False,
+        "Read --dataset (and --replay-dataset) as a stream, converted as "
+        "training reads it: for corpora bigger than RAM or disk. Needs "
+        "--max-steps; --eval-split takes the eval rows from the head of the stream.",
+        TRAINING,
+        panel="Inputs",
+    ),
+    Opt(
+        "dataset_num_proc",
+        int,
+        1,
+        "Processes for converting and tokenizing the data (datasets' num_proc, also used for TRL's tokenization).",
+        TRAINING,
+        positive_int,
+        "N",
+        panel="Inputs",
+    ),
+    Opt(
+        "ref_model",
+        str,
+        None,
+        "DPO reference model (default: a frozen copy of --model).",
+        ("dpo",),
+        metavar="PATH_OR_HUB_ID",
+        panel="Inputs",
+    ),
+    Opt(
+        "model_config",
+        str,
+        "small",
+        "Preset (tiny, small, base) or a config.json path for the from-scratch model.",
+        ("pretrain",),
+        metavar="PRESET_OR_PATH",
+        panel="Inputs",
+    ),
+    Opt(
+        "vocab_size",
+        int,
+        4096,
+        "Vocabulary size of the byte-level BPE tokenizer trained on the corpus.",
+        ("pretrain",),
+        positive_int,
+        "N",
+        panel="Inputs",
+    ),
+    Opt(
+        "trust_remote_code",
+        bool,
+        False,
+        "Allow model repositories to run their own Python code (off by default).",
+        POST_TRAINING + ("eval", "generate"),
+        panel="Inputs",
+    ),
     # layer-wise LR decay
-    Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE}: block i of N trains at lr×γ^(N-1-i). Absent: 1.0 (flat). Bare --llrd: {LLRD_BARE}.", POST_TRAINING, llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay"),
-    Opt("llrd", float, 1.0, f"Layer-wise LR decay γ in {LLRD_RANGE} for pre-training (same rule as --llrd).", ("pretrain",), llrd_range, "[GAMMA]", bare=LLRD_BARE, panel="Layer-wise LR decay", key="lr_layer_decay"),
-    Opt("llrd_min_scale", float, 0.0, "Clamp: no block trains below lr×SCALE.", TRAINING, unit_interval, "SCALE", panel="Layer-wise LR decay"),
-    Opt("llrd_freeze_below", float, 0.0, "Freeze parameters whose LR scale is below SCALE (no optimizer state).", TRAINING, unit_interval, "SCALE", panel="Layer-wise LR decay"),
-    Opt("llrd_blocks", str, None, "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).", TRAINING, metavar="PATH", panel="Layer-wise LR decay"),
-    Opt("lr_groups", dict, {}, "Multiply the LR of parameters whose name matches the regex PATTERN by FACTOR, on top of their depth's scale: lr = base × γ^(N-1-i) × FACTOR (repeatable; FACTOR 0 freezes; recipe key lr_groups: a mapping).", TRAINING, lr_factor, "PATTERN=FACTOR", flag="--lr-group", panel="Layer-wise LR decay"),
-    Opt("loraplus_ratio", float, 1.0, "LoRA+: train LoRA B matrices at RATIO × their block's LR (A matrices at 1×); needs --lora-r. LoRA+ suggests 16.", POST_TRAINING, positive, "RATIO", panel="LoRA"),
-    Opt("tied_embeddings", str, "head", "LR of a tied input/output embedding matrix: 'head' (base LR, the measured default) or 'embedding' (decayed like block 0).", TRAINING, one_of(TIED_POLICIES), "POLICY", panel="Layer-wise LR decay"),
+    Opt(
+        "llrd",
+        float,
+        1.0,
+        f"Layer-wise LR decay γ in {LLRD_RANGE}: block i of N trains at "
+        f"lr×γ^(N-1-i). Absent: 1.0 (flat). Bare --llrd: {LLRD_BARE}.",
+        POST_TRAINING,
+        llrd_range,
+        "[GAMMA]",
+        bare=LLRD_BARE,
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        "llrd",
+        float,
+        1.0,
+        f"Layer-wise LR decay γ in {LLRD_RANGE} for pre-training (same rule as --llrd).",
+        ("pretrain",),
+        llrd_range,
+        "[GAMMA]",
+        bare=LLRD_BARE,
+        panel="Layer-wise LR decay",
+        key="lr_layer_decay",
+    ),
+    Opt(
+        "llrd_min_scale",
+        float,
+        0.0,
+        "Clamp: no block trains below lr×SCALE.",
+        TRAINING,
+        unit_interval,
+        "SCALE",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        "llrd_freeze_below",
+        float,
+        0.0,
+        "Freeze parameters whose LR scale is below SCALE (no optimizer state).",
+        TRAINING,
+        unit_interval,
+        "SCALE",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        "llrd_blocks",
+        str,
+        None,
+        "Dotted path of the decoder block list when it cannot be found (e.g. model.layers).",
+        TRAINING,
+        metavar="PATH",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        "lr_groups",
+        dict,
+        {},
+        "Multiply the LR of parameters whose name matches the regex PATTERN by "
+        "FACTOR, on top of their depth's scale: lr = base × γ^(N-1-i) × FACTOR "
+        "(repeatable; FACTOR 0 freezes; recipe key lr_groups: a mapping).",
+        TRAINING,
+        lr_factor,
+        "PATTERN=FACTOR",
+        flag="--lr-group",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        "loraplus_ratio",
+        float,
+        1.0,
+        "LoRA+: train LoRA B matrices at RATIO × their block's LR (A matrices "
+        "at 1×); needs --lora-r. LoRA+ suggests 16.",
+        POST_TRAINING,
+        positive,
+        "RATIO",
+        panel="LoRA",
+    ),
+    Opt(
+        "tied_embeddings",
+        str,
+        "head",
+        "LR of a tied input/output embedding matrix: 'head' (base LR, the "
+        "measured default) or 'embedding' (decayed like block 0).",
+        TRAINING,
+        one_of(TIED_POLICIES),
+        "POLICY",
+        panel="Layer-wise LR decay",
+    ),
     # optimisation
-    Opt("lr", float, None, "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.", TRAINING, positive, "FLOAT"),
-    Opt("weight_decay", float, 0.0, "AdamW weight decay (matrices only; biases and norms get 0).", TRAINING, non_negative, "FLOAT"),
-    Opt("optim", str, "adamw_torch", "Optimizer name as in transformers (--optim); must accept parameter groups.", TRAINING, metavar="NAME"),
-    Opt("lr_scheduler", str, "linear", "LR schedule (applied to every group, keeping the per-block ratios).", TRAINING, one_of(SCHEDULERS), "NAME"),
-    Opt("warmup_ratio", float, 0.0, "Fraction of steps used for linear warmup.", TRAINING, fraction_below_one, "FRACTION"),
+    Opt(
+        "lr",
+        float,
+        None,
+        "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.",
+        TRAINING,
+        positive,
+        "FLOAT",
+    ),
+    Opt(
+        "weight_decay",
+        float,
+        0.0,
+        "AdamW weight decay (matrices only; biases and norms get 0).",
+        TRAINING,
+        non_negative,
+        "FLOAT",
+    ),
+    Opt(
+        "optim",
+        str,
+        "adamw_torch",
+        "Optimizer name as in transformers (--optim); must accept parameter groups.",
+        TRAINING,
+        metavar="NAME",
+    ),
+    Opt(
+        "lr_scheduler",
+        str,
+        "linear",
+        "LR schedule (applied to every group, keeping the per-block ratios).",
+        TRAINING,
+        one_of(SCHEDULERS),
+        "NAME",
+    ),
+    Opt(
+        "warmup_ratio",
+        float,
+        0.0,
+        "Fraction of steps used for linear warmup.",
+        TRAINING,
+        fraction_below_one,
+        "FRACTION",
+    ),
     Opt("max_steps", int, -1, "Number of optimizer steps (-1: train for --epochs).", TRAINING, steps, "N"),
-    Opt("epochs", float, 1.0, "Number of passes over the data (ignored when --max-steps is set).", TRAINING, positive, "FLOAT"),
+    Opt(
+        "epochs",
+        float,
+        1.0,
+        "Number of passes over the data (ignored when --max-steps is set).",
+        TRAINING,
+        positive,
+        "FLOAT",
+    ),
     Opt("batch_size", int, 8, "Per-device batch size.", TRAINING, positive_int, "N"),
     Opt("grad_accum", int, 1, "Gradient accumulation steps.", TRAINING, positive_int, "N"),
-    Opt("max_length", int, None, "Maximum sequence length in tokens (default 512; pretrain 256).", TRAINING + ("eval",), positive_int, "N"),
+    Opt(
+        "max_length",
+        int,
+        None,
+        "Maximum sequence length in tokens (default 512; pretrain 256).",
+        TRAINING + ("eval",),
+        positive_int,
+        "N",
+    ),
     Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRAINING + ("generate",), seed_range, "N"),
     Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
-    Opt("precision", str, "auto", "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.", TRAINING, one_of(PRECISIONS), "NAME"),
+    Opt(
+        "precision",
+        str,
+        "auto",
+        "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.",
+        TRAINING,
+        one_of(PRECISIONS),
+        "NAME",
+    ),
     Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRAINING),
-    Opt("report_to", str, "none", "Experiment tracking: none, tensorboard, wandb, trackio or all (per-block LRs are logged as lr/block_i).", TRAINING, one_of(REPORT_TO), "NAME", panel="Run"),
-    Opt("ddp_timeout", int, 1800, "Seconds a distributed rank waits for the others before failing (transformers' default: 1800).", TRAINING, positive_int, "SECONDS", panel="Run"),
-    Opt("trainer_args", dict, {}, "Any other SFTConfig / DPOConfig / TrainingArguments field, checked against the installed version (repeatable, e.g. --trainer-arg packing=true; recipe key trainer_args: a mapping).", TRAINING, metavar="KEY=VALUE", flag="--trainer-arg", item=object),
-    Opt("model_args", dict, {}, "Keyword argument for from_pretrained (repeatable, e.g. --model-arg attn_implementation=sdpa; recipe key model_args: a mapping).", POST_TRAINING, metavar="KEY=VALUE", flag="--model-arg", item=object, panel="Inputs"),
+    Opt(
+        "report_to",
+        str,
+        "none",
+        "Experiment tracking: none, tensorboard, wandb, trackio or all (per-block LRs are logged as lr/block_i).",
+        TRAINING,
+        one_of(REPORT_TO),
+        "NAME",
+        panel="Run",
+    ),
+    Opt(
+        "ddp_timeout",
+        int,
+        1800,
+        "Seconds a distributed rank waits for the others before failing (transformers' default: 1800).",
+        TRAINING,
+        positive_int,
+        "SECONDS",
+        panel="Run",
+    ),
+    Opt(
+        "trainer_args",
+        dict,
+        {},
+        "Any other SFTConfig / DPOConfig / TrainingArguments field, checked "
+        "against the installed version (repeatable, e.g. --trainer-arg "
+        "packing=true; recipe key trainer_args: a mapping).",
+        TRAINING,
+        metavar="KEY=VALUE",
+        flag="--trainer-arg",
+        item=object,
+    ),
+    Opt(
+        "model_args",
+        dict,
+        {},
+        "Keyword argument for from_pretrained (repeatable, e.g. --model-arg "
+        "attn_implementation=sdpa; recipe key model_args: a mapping).",
+        POST_TRAINING,
+        metavar="KEY=VALUE",
+        flag="--model-arg",
+        item=object,
+        panel="Inputs",
+    ),
     # LoRA
-    Opt("lora_r", int, None, "Train LoRA adapters of this rank instead of all weights (needs `pip install peft`).", POST_TRAINING, positive_int, "R", panel="LoRA"),
+    Opt(
+        "lora_r",
+        int,
+        None,
+        "Train LoRA adapters of this rank instead of all weights (needs `pip install peft`).",
+        POST_TRAINING,
+        positive_int,
+        "R",
+        panel="LoRA",
+    ),
     Opt("lora_alpha", float, None, "LoRA alpha (default 2×r).", POST_TRAINING, positive, "FLOAT", panel="LoRA"),
     Opt("lora_dropout", float, 0.0, "LoRA dropout.", POST_TRAINING, fraction_below_one, "FLOAT", panel="LoRA"),
-    Opt("lora_targets", str, "all-linear", "Comma-separated module names for LoRA (e.g. q_proj,v_proj) or all-linear.", POST_TRAINING, metavar="NAMES", panel="LoRA"),
+    Opt(
+        "lora_targets",
+        str,
+        "all-linear",
+        "Comma-separated module names for LoRA (e.g. q_proj,v_proj) or all-linear.",
+        POST_TRAINING,
+        metavar="NAMES",
+        panel="LoRA",
+    ),
     # forgetting
-    Opt("ood_eval", list, [], "Text file whose perplexity is measured before and after training (repeatable).", POST_TRAINING, metavar="FILE", panel="Forgetting"),
-    Opt("train_on_prompt", bool, False, "Put the SFT loss on every token: system and user turns and role headers of conversations, the prompt of prompt/completion rows (default: the assistant's words only).", ("sft",)),
-    Opt("replay_dataset", str, None, "Pre-training-style text mixed into the training data against forgetting.", ("sft", "finetune"), metavar="FILE", panel="Forgetting"),
-    Opt("replay_ratio", float, 0.0, "Fraction of training rows taken from --replay-dataset.", ("sft", "finetune"), fraction_below_one, "FRACTION", panel="Forgetting"),
+    Opt(
+        "ood_eval",
+        list,
+        [],
+        "Text file whose perplexity is measured before and after training (repeatable).",
+        POST_TRAINING,
+        metavar="FILE",
+        panel="Forgetting",
+    ),
+    Opt(
+        "train_on_prompt",
+        bool,
+        False,
+        "Put the SFT loss on every token: system and user turns and role "
+        "headers of conversations, the prompt of prompt/completion rows "
+        "(default: the assistant's words only).",
+        ("sft",),
+    ),
+    Opt(
+        "replay_dataset",
+        str,
+        None,
+        "Pre-training-style text mixed into the training data against forgetting.",
+        ("sft", "finetune"),
+        metavar="FILE",
+        panel="Forgetting",
+    ),
+    Opt(
+        "replay_ratio",
+        float,
+        0.0,
+        "Fraction of training rows taken from --replay-dataset.",
+        ("sft", "finetune"),
+        fraction_below_one,
+        "FRACTION",
+        panel="Forgetting",
+    ),
     # run control
     Opt("save_steps", int, 200, "Save a checkpoint every N steps.", TRAINING, positive_int, "N", panel="Run"),
     Opt("save_total_limit", int, 2, "Keep at most N checkpoints.", TRAINING, positive_int, "N", panel="Run"),
     Opt("logging_steps", int, 10, "Log every N steps.", TRAINING, positive_int, "N", panel="Run"),
-    Opt("eval_steps", int, None, "Evaluate every N steps (default: at the end only).", TRAINING, positive_int, "N", panel="Run"),
-    Opt("dry_run", bool, False, "Build model, data and parameter groups, print the plan, write param_groups.json; train nothing.", TRAINING, panel="Run"),
-    Opt("overwrite", bool, False, "Allow writing into a non-empty output directory.", TRAINING + ("demo",), panel="Run"),
+    Opt(
+        "eval_steps",
+        int,
+        None,
+        "Evaluate every N steps (default: at the end only).",
+        TRAINING,
+        positive_int,
+        "N",
+        panel="Run",
+    ),
+    Opt(
+        "dry_run",
+        bool,
+        False,
+        "Build model, data and parameter groups, print the plan, write param_groups.json; train nothing.",
+        TRAINING,
+        panel="Run",
+    ),
+    Opt(
+        "overwrite", bool, False, "Allow writing into a non-empty output directory.", TRAINING + ("demo",), panel="Run"
+    ),
     Opt("resume", bool, False, "Continue from the newest complete checkpoint in --output-dir.", TRAINING, panel="Run"),
-    Opt("allow_config_change", bool, False, "With --resume: accept a different LR / γ / grouping than the checkpoint's run.", TRAINING, panel="Run"),
+    Opt(
+        "allow_config_change",
+        bool,
+        False,
+        "With --resume: accept a different LR / γ / grouping than the checkpoint's run.",
+        TRAINING,
+        panel="Run",
+    ),
     # eval
-    Opt("text", list, [], "Text file to measure perplexity on (repeatable).", ("eval",), metavar="FILE", panel="Inputs"),
-    Opt("sft_dataset", str, None, "Instruction set whose mean completion-token loss is reported.", ("eval",), metavar="FILE", panel="Inputs"),
+    Opt(
+        "text", list, [], "Text file to measure perplexity on (repeatable).", ("eval",), metavar="FILE", panel="Inputs"
+    ),
+    Opt(
+        "sft_dataset",
+        str,
+        None,
+        "Instruction set whose mean completion-token loss is reported.",
+        ("eval",),
+        metavar="FILE",
+        panel="Inputs",
+    ),
     Opt("json", bool, False, "Print only a JSON object with the results.", ("eval",), panel="Run", recipe=False),
     Opt("eval_batch_size", int, 8, "Windows per forward pass.", ("eval",), positive_int, "N"),
     Opt("quick", bool, False, "Smaller demo (about a minute).", ("demo",), panel="Run"),
     # generate
     Opt("prompt", str, None, "Prompt to complete (printed to stdout).", ("generate",), metavar="TEXT", panel="Inputs"),
-    Opt("prompts", str, None, "File of prompts: one per line, or JSON Lines with prompt / messages / instruction; writes JSON Lines.", ("generate",), metavar="FILE", panel="Inputs"),
+    Opt(
+        "prompts",
+        str,
+        None,
+        "File of prompts: one per line, or JSON Lines with prompt / messages / instruction; writes JSON Lines.",
+        ("generate",),
+        metavar="FILE",
+        panel="Inputs",
+    ),
     Opt("system", str, None, "System message put before the prompt.", ("generate",), metavar="TEXT", panel="Inputs"),
-    Opt("prompt_format", str, "auto", "auto (the chat template when the tokenizer has one, else plain), chat, alpaca (the template sft uses for Alpaca data) or plain.", ("generate",), one_of(("auto", "chat", "alpaca", "plain")), "FORMAT"),
+    Opt(
+        "prompt_format",
+        str,
+        "auto",
+        "auto (the chat template when the tokenizer has one, else plain), "
+        "chat, alpaca (the template sft uses for Alpaca data) or plain.",
+        ("generate",),
+        one_of(("auto", "chat", "alpaca", "plain")),
+        "FORMAT",
+    ),
     Opt("max_new_tokens", int, 128, "Most tokens to generate per prompt.", ("generate",), positive_int, "N"),
     Opt("temperature", float, 0.0, "Sampling temperature (0 = greedy).", ("generate",), non_negative, "T"),
-    Opt("top_p", float, 1.0, "Nucleus sampling: keep the smallest token set with this much probability.", ("generate",), unit_interval, "P"),
-    Opt("output", str, None, "With --prompts: write the JSON Lines here instead of stdout.", ("generate",), metavar="FILE", panel="Run"),
+    Opt(
+        "top_p",
+        float,
+        1.0,
+        "Nucleus sampling: keep the smallest token set with this much probability.",
+        ("generate",),
+        unit_interval,
+        "P",
+    ),
+    Opt(
+        "output",
+        str,
+        None,
+        "With --prompts: write the JSON Lines here instead of stdout.",
+        ("generate",),
+        metavar="FILE",
+        panel="Run",
+    ),
     # everywhere
-    Opt("recipe", str, None, "YAML recipe: keys are these option names; command-line flags override it.", ALL_COMMANDS[:4] + ("eval",), metavar="FILE", panel="Run", recipe=False),
+    Opt(
+        "recipe",
+        str,
+        None,
+        "YAML recipe: keys are these option names; command-line flags override it.",
+        ALL_COMMANDS[:4] + ("eval",),
+        metavar="FILE",
+        panel="Run",
+        recipe=False,
+    ),
     Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
 )
 RECIPE_KEYS = {o.recipe_key for o in OPTIONS}
 
 # options whose meaning differs for one command
-EVAL_MODEL = Opt("model", str, None, "Model to evaluate: a local directory or hub id.", ("eval",), metavar="PATH_OR_HUB_ID", required=True, panel="Inputs")
+EVAL_MODEL = Opt(
+    "model",
+    str,
+    None,
+    "Model to evaluate: a local directory or hub id.",
+    ("eval",),
+    metavar="PATH_OR_HUB_ID",
+    required=True,
+    panel="Inputs",
+)
 
 COMMAND_DEFAULT_LR = {"sft": 2e-5, "finetune": 2e-5, "dpo": 5e-7, "pretrain": 5e-4}
 COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "finetune": 512, "pretrain": 256, "eval": 512}
 
 
-DEMO_OUTPUT = Opt("output_dir", str, "demo-output", "Directory for the demo's data, models and results.", ("demo",), metavar="DIR", panel="Inputs")
-GENERATE_MODEL = Opt("model", str, None, "Model to generate with: a local directory or hub id.", ("generate",), metavar="PATH_OR_HUB_ID", required=True, panel="Inputs")
+DEMO_OUTPUT = Opt(
+    "output_dir",
+    str,
+    "demo-output",
+    "Directory for the demo's data, models and results.",
+    ("demo",),
+    metavar="DIR",
+    panel="Inputs",
+)
+GENERATE_MODEL = Opt(
+    "model",
+    str,
+    None,
+    "Model to generate with: a local directory or hub id.",
+    ("generate",),
+    metavar="PATH_OR_HUB_ID",
+    required=True,
+    panel="Inputs",
+)
 EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT, "generate": GENERATE_MODEL}
 
 
@@ -373,8 +827,14 @@ def _coerce(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             return str(raw), None
     except (TypeError, ValueError):
         pass
-    kind = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string",
-            dict: f"{opt.metavar} entries (a mapping in recipes)"}[t]
+    kind = {
+        bool: "true/false",
+        list: "a list of strings",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: f"{opt.metavar} entries (a mapping in recipes)",
+    }[t]
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
     return None, f"{where}: expected {kind}{extra}, got {quote(raw)}"
 
@@ -399,7 +859,12 @@ def special_file(path: str) -> str | None:
         return None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
     return next((kind for test, kind in kinds if test(mode)), "not a regular file")
 
 
@@ -470,7 +935,10 @@ def load_recipe(path: str) -> dict[str, Any]:
     except OSError as e:
         raise UsageError(f"cannot read recipe {shown}: {e.strerror or e}") from None
     if len(raw) > RECIPE_MAX_BYTES:
-        raise UsageError(f"recipe {shown} is larger than {RECIPE_MAX_BYTES // 1024} KiB; a recipe is a short list of option: value lines")
+        raise UsageError(
+            f"recipe {shown} is larger than {RECIPE_MAX_BYTES // 1024} KiB; a "
+            "recipe is a short list of option: value lines"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -479,7 +947,11 @@ def load_recipe(path: str) -> dict[str, Any]:
     try:
         node = loader.get_single_node()
         if node is not None and _expanded_nodes(node) > RECIPE_MAX_NODES:
-            raise UsageError(f"recipe {shown} holds more than {RECIPE_MAX_NODES} values once its YAML aliases (*name) are expanded; a recipe is a flat list of option: value lines")
+            raise UsageError(
+                f"recipe {shown} holds more than {RECIPE_MAX_NODES} values once its "
+                "YAML aliases (*name) are expanded; a recipe is a flat list of option: "
+                "value lines"
+            )
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -487,7 +959,9 @@ def load_recipe(path: str) -> dict[str, Any]:
         problem = getattr(e, "problem", None) or str(e)
         raise UsageError(f"recipe {shown}{line}: invalid YAML ({shorten(problem)})") from None
     except RecursionError:
-        raise UsageError(f"recipe {shown} is nested too deeply; a recipe is a flat list of option: value lines") from None
+        raise UsageError(
+            f"recipe {shown} is nested too deeply; a recipe is a flat list of option: value lines"
+        ) from None
     finally:
         loader.dispose()
     if data is None:
@@ -558,7 +1032,11 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
 
     if command in COMMAND_DEFAULT_LR and values.get("lr") is None:
         values["lr"] = COMMAND_DEFAULT_LR[command]
-    if command in TRAINING and not values.get("output_dir") and values.get("model" if command != "pretrain" else "dataset"):
+    if (
+        command in TRAINING
+        and not values.get("output_dir")
+        and values.get("model" if command != "pretrain" else "dataset")
+    ):
         values["output_dir"] = default_output_dir(command, values["model" if command != "pretrain" else "dataset"])
     if "max_length" in values and values.get("max_length") is None:
         values["max_length"] = COMMAND_DEFAULT_MAX_LENGTH[command]
@@ -569,7 +1047,8 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
 
 
 def default_output_dir(command: str, source: str) -> str:
-    """runs/sft-Qwen2.5-0.5B for `sft --model Qwen/Qwen2.5-0.5B`; runs/pretrain-corpus for `pretrain --dataset corpus.txt`."""
+    """runs/sft-Qwen2.5-0.5B for `sft --model Qwen/Qwen2.5-0.5B`; runs/pretrain-corpus for `pretrain --dataset
+    corpus.txt`."""
     name = Path(source.rstrip("/\\")).name or "model"
     if command == "pretrain":
         name = Path(name).stem
@@ -581,7 +1060,9 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     if v.get("resume") and v.get("overwrite"):
         problems.append("--resume and --overwrite contradict each other: pick one")
     if v.get("llrd_min_scale") and v.get("llrd_freeze_below") and v["llrd_freeze_below"] > v["llrd_min_scale"] > 0:
-        problems.append("--llrd-freeze-below is above --llrd-min-scale: with the clamp nothing is below it; set one of them")
+        problems.append(
+            "--llrd-freeze-below is above --llrd-min-scale: with the clamp nothing is below it; set one of them"
+        )
     if v.get("replay_ratio") and not v.get("replay_dataset"):
         problems.append("--replay-ratio needs --replay-dataset")
     if v.get("replay_dataset") and not v.get("replay_ratio"):
@@ -640,6 +1121,10 @@ def producing_recipe(recipe: str | None, ref: str) -> str | None:
                 continue
             if isinstance(data.get("output_dir"), str) and os.path.normpath(data["output_dir"].rstrip("/")) == want:
                 first = f.read_text(encoding="utf-8", errors="replace").splitlines()[:1]
-                command = first[0][2:].strip() if first and first[0].startswith("# posttrainllm ") else f"posttrainllm ... --recipe {f}"
+                command = (
+                    first[0][2:].strip()
+                    if first and first[0].startswith("# posttrainllm ")
+                    else f"posttrainllm ... --recipe {f}"
+                )
                 return f"{ref} is what recipe {f} produces: run `{command}` first, or pass --model"
     return None

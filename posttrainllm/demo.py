@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.table import Table
+
 from posttrainllm import banner, checkpoints
 from posttrainllm.config import resolve
 from posttrainllm.errors import UsageError
-from rich.table import Table
 
 DEMO_GAMMA = 0.8
 DEMO_ENTRIES = ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json")  # what the demo writes
@@ -42,7 +43,11 @@ def _check_demo_dir(out: Path, label: str, overwrite: bool) -> None:
         raise UsageError(f"--output-dir {label} is not empty; pass --overwrite to replace the demo's results")
     strangers = [n for n in names if n not in DEMO_ENTRIES]
     if strangers:
-        raise UsageError(f"--output-dir {label} holds {strangers[0]}, which the demo did not write; --overwrite only replaces the demo's own results: choose another --output-dir")
+        raise UsageError(
+            f"--output-dir {label} holds {strangers[0]}, which the demo did not "
+            "write; --overwrite only replaces the demo's own results: choose "
+            "another --output-dir"
+        )
 
 
 def run_demo(cfg) -> None:
@@ -52,15 +57,46 @@ def run_demo(cfg) -> None:
     _check_demo_dir(out, cfg.output_dir, cfg.overwrite)
     files = write_demo_files(out / "data")
     quick = cfg.quick
-    common = {"max_length": "128", "logging_steps": "50", "save_steps": "100000", "seed": "0", "overwrite": cfg.overwrite}
-    _stage("pretrain", {**common, "dataset": str(files["pretrain"]), "output_dir": str(out / "base"), "model_config": "tiny",
-                        "vocab_size": "2048", "max_steps": "150" if quick else "600", "batch_size": "16", "lr": "2e-3", "warmup_ratio": "0.05", "lr_scheduler": "cosine"})
+    common = {
+        "max_length": "128",
+        "logging_steps": "50",
+        "save_steps": "100000",
+        "seed": "0",
+        "overwrite": cfg.overwrite,
+    }
+    _stage(
+        "pretrain",
+        {
+            **common,
+            "dataset": str(files["pretrain"]),
+            "output_dir": str(out / "base"),
+            "model_config": "tiny",
+            "vocab_size": "2048",
+            "max_steps": "150" if quick else "600",
+            "batch_size": "16",
+            "lr": "2e-3",
+            "warmup_ratio": "0.05",
+            "lr_scheduler": "cosine",
+        },
+    )
     runs = {"flat (γ=1.0)": "1.0", f"LLRD (γ={DEMO_GAMMA})": str(DEMO_GAMMA)}
-    for label, gamma in runs.items():
+    for gamma in runs.values():
         name = "sft-flat" if gamma == "1.0" else f"sft-llrd-{gamma}"
-        _stage("sft", {**common, "model": str(out / "base"), "dataset": str(files["instructions"]), "eval_dataset": str(files["instructions_eval"]),
-                       "output_dir": str(out / name), "ood_eval": [str(files["heldout_code"])], "llrd": gamma, "lr": "1e-3",
-                       "max_steps": "60" if quick else "150", "batch_size": "16"})
+        _stage(
+            "sft",
+            {
+                **common,
+                "model": str(out / "base"),
+                "dataset": str(files["instructions"]),
+                "eval_dataset": str(files["instructions_eval"]),
+                "output_dir": str(out / name),
+                "ood_eval": [str(files["heldout_code"])],
+                "llrd": gamma,
+                "lr": "1e-3",
+                "max_steps": "60" if quick else "150",
+                "batch_size": "16",
+            },
+        )
     summary = {}
     t = Table(title="demo: flat vs layer-wise LR decay (same base, data, steps and LR)", title_justify="left")
     for col in ("run", "val loss (instructions)", "held-out code PPL before", "after", "change"):
@@ -75,7 +111,8 @@ def run_demo(cfg) -> None:
     checkpoints.write_json(out / "demo_results.json", summary)
     banner.console.print(t)
     banner.console.print(
-        "At the same base LR, layer decay trades a little in-domain progress for much less drift of what the base knew. "
+        "At the same base LR, layer decay trades a little in-domain progress "
+        "for much less drift of what the base knew. "
         "docs/results.md compares it with simply lowering the LR (at equal in-domain loss it still forgets less) and "
         f"with replay (--replay-dataset), which brings forgetting near zero. Results: {out / 'demo_results.json'}"
     )

@@ -33,7 +33,11 @@ def on_cpu() -> bool:
     """Whether the ranks run on CPU: no CUDA device, or the launcher asked for CPU (accelerate's `use_cpu: true`)."""
     import torch
 
-    return not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("true", "1", "yes")
+    return not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in (
+        "true",
+        "1",
+        "yes",
+    )
 
 
 def init_process_group(timeout_s: int) -> bool:
@@ -86,9 +90,21 @@ def stop_with_launcher() -> bool:
 
 
 # what torch.distributed / gloo / the TCP store say when a peer is gone or did not answer in time
-_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout",
-         "socket closed", "connection refused", "no route to host", "gloo", "nccl", "distbackenderror",
-         "diststoreerror", "distnetworkerror")
+_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "socket closed",
+    "connection refused",
+    "no route to host",
+    "gloo",
+    "nccl",
+    "distbackenderror",
+    "diststoreerror",
+    "distnetworkerror",
+)
 
 
 def lost_rank_error(exc: BaseException, timeout_s: int, output_dir: str) -> TrainingError | None:
@@ -104,8 +120,11 @@ def lost_rank_error(exc: BaseException, timeout_s: int, output_dir: str) -> Trai
     from posttrainllm.checkpoints import checkpoint_dirs, verify_checkpoint
 
     good = [d for d in checkpoint_dirs(output_dir) if verify_checkpoint(d) is None]
-    resume = (f"the newest complete checkpoint is {Path(output_dir) / good[-1].name}: start every node again with "
-              "--resume") if good else "no complete checkpoint was saved yet"
+    resume = (
+        (f"the newest complete checkpoint is {Path(output_dir) / good[-1].name}: start every node again with --resume")
+        if good
+        else "no complete checkpoint was saved yet"
+    )
     return TrainingError(
         f"lost contact with another rank (rank {os.environ.get('RANK', '?')} of {world_size()}): a process or node "
         f"stopped, or did not answer within --ddp-timeout {timeout_s} s ({first[:200]}); {resume}"

@@ -64,7 +64,7 @@ class Baseline:
         shapes: dict[str, tuple] = {}
         for f in _weight_files(model_ref) if model_ref else []:
             with safe_open(str(f), framework="pt", device="cpu") as h:
-                for key in h.keys():
+                for key in h.keys():  # noqa: SIM118 - safe_open handles have keys(), not iteration
                     if key not in self.key_file:
                         self.key_file[key] = f
                         shapes[key] = tuple(h.get_slice(key).get_shape())
@@ -168,7 +168,8 @@ def measure(model, baseline: Baseline, plan) -> dict:
         for i, r in enumerate(rows)
     ]
     return {
-        "definition": "||W_after - W_before||_F / ||W_before||_F over all tensors of each depth (LoRA: merged B·A·scale)",
+        "definition": "||W_after - W_before||_F / ||W_before||_F over all tensors of each "
+        "depth (LoRA: merged B·A·scale)",
         "source": baseline.source,
         "depths": depths,
     }

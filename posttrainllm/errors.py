@@ -58,4 +58,3 @@ def shorten(text, limit: int = 120) -> str:
     """A path, name or value for an error message, cut to a prefix when it is long (an 80 MB line quotes 120 chars)."""
     text = str(text)
     return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
-

@@ -31,6 +31,7 @@ from posttrainllm.errors import DataError, ModelError, UsageError, one_line
 # Number of sequence positions whose logits are converted to float32 at a time (bounds memory for big vocabularies).
 _NLL_CHUNK = 1024
 
+
 def _alpaca_to_prompt_completion(ex: Mapping, where: str) -> tuple[Any, Any]:
     """Alpaca record -> (prompt, completion), exactly as SFT training builds it (posttrainllm.data.convert_records,
     which also handles the optional 'system' and 'history' columns)."""
@@ -260,9 +261,7 @@ def _in_chunks(examples, size: int):
         yield chunk
 
 
-def sft_completion_loss(
-    model, tokenizer, examples, max_length: int, *, batch_size: int = 8, progress=None
-) -> dict:
+def sft_completion_loss(model, tokenizer, examples, max_length: int, *, batch_size: int = 8, progress=None) -> dict:
     """Mean NLL over completion tokens only (prompt tokens masked), like the SFT training loss.
 
     Each example is tokenized as ``tokenizer(prompt)`` (with the tokenizer's own special tokens, e.g. BOS)

@@ -93,7 +93,9 @@ def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: f
     import torch
 
     device = next(model.parameters()).device
-    enc = tokenizer(text, return_tensors="pt", add_special_tokens=not getattr(tokenizer, "chat_template", None)).to(device)
+    enc = tokenizer(text, return_tensors="pt", add_special_tokens=not getattr(tokenizer, "chat_template", None)).to(
+        device
+    )
     sampling = temperature > 0
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling, pad_token_id=tokenizer.pad_token_id)
     if sampling:
@@ -102,7 +104,7 @@ def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: f
         kwargs.update(temperature=None, top_p=None, top_k=None)
     with torch.inference_mode():
         out = model.generate(**enc, **kwargs)
-    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def run(cfg, echo=print) -> None:
@@ -116,7 +118,9 @@ def run(cfg, echo=print) -> None:
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
     models.check_model_ref(cfg.model)
     tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
-    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto"))
+    model = models.load_model(
+        cfg.model, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto")
+    )
     import torch
 
     if torch.cuda.is_available():
@@ -126,7 +130,9 @@ def run(cfg, echo=print) -> None:
     lines = []
     for prompt in prompts:
         text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
-        completion = complete(model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+        completion = complete(
+            model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        )
         if cfg.prompt is not None:
             echo(completion)
         else:

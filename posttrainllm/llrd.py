@@ -311,7 +311,8 @@ def find_block_list(model: nn.Module, block_path: str | None = None) -> tuple[st
         if not hits or not _is_list(modules[hits[0]]):
             what = "no such module" if not hits else f"{type(modules[hits[0]]).__name__} is not a list of blocks"
             raise ValueError(
-                f"block list {block_path!r}: {what}; ModuleLists in {type(model).__name__}: {_describe(cands) or 'none'}"
+                f"block list {block_path!r}: {what}; ModuleLists in "
+                f"{type(model).__name__}: {_describe(cands) or 'none'}"
             )
         return hits[0], modules[hits[0]]
 
@@ -440,7 +441,7 @@ def _assign_depths(model: nn.Module, layout: _Layout | None, tied_policy: str) -
     for i, block in enumerate(layout.blocks if layout else []):
         for p in block.parameters():
             block_depth.setdefault(id(p), i + 1)
-    for pid, i in (layout.extra.items() if layout else ()):
+    for pid, i in layout.extra.items() if layout else ():
         block_depth.setdefault(pid, i + 1)
     in_emb, out_emb = _io_embeddings(model)
     in_ids = {id(p) for p in in_emb.parameters()} if in_emb is not None else set()
@@ -606,8 +607,10 @@ def build_param_groups(
     for pattern, factor in lr_groups.items():
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
             raise ValueError(f"LR group {pattern!r}: factor must be a finite number >= 0 (0 freezes), got {factor!r}")
-    if isinstance(loraplus_ratio, bool) or not isinstance(loraplus_ratio, (int, float)) or not (
-        math.isfinite(loraplus_ratio) and loraplus_ratio > 0
+    if (
+        isinstance(loraplus_ratio, bool)
+        or not isinstance(loraplus_ratio, (int, float))
+        or not (math.isfinite(loraplus_ratio) and loraplus_ratio > 0)
     ):
         raise ValueError(f"loraplus_ratio must be a finite number > 0, got {loraplus_ratio!r}")
     gamma, base_lr, weight_decay = float(gamma), float(base_lr), float(weight_decay)
@@ -704,7 +707,7 @@ def build_param_groups(
                 factors_at[depth[id(p)]].add(f"{g['pattern']}×{g['factor']:g}")
             if g["loraplus"] != 1.0:
                 factors_at[depth[id(p)]].add(f"LoRA+ B×{g['loraplus']:g}")
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if id(p) in patterns and patterns[id(p)][1] == 0 and p.requires_grad:
             factors_at[depth[id(p)]].add(f"{patterns[id(p)][0]}×0 (frozen)")
     rows = [

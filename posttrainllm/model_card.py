@@ -16,8 +16,19 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else "-" if x is None else str(x)
 
 
-def render(*, command: str, argv: list[str], recipe: str | None, base_model: str | None, plan, data: dict[str, Any],
-           metrics: dict[str, Any], forgetting: dict | None = None, drift: dict | None = None, output_dir: str = "") -> str:
+def render(
+    *,
+    command: str,
+    argv: list[str],
+    recipe: str | None,
+    base_model: str | None,
+    plan,
+    data: dict[str, Any],
+    metrics: dict[str, Any],
+    forgetting: dict | None = None,
+    drift: dict | None = None,
+    output_dir: str = "",
+) -> str:
     """The card's text. `data`: source, format, n_train, n_eval (and eval source); `metrics`: the trainer's."""
     from posttrainllm.banner import format_lr, summary_line
 
@@ -26,7 +37,11 @@ def render(*, command: str, argv: list[str], recipe: str | None, base_model: str
     front = ["---"]
     if hub_base:
         front.append(f"base_model: {hub_base}")
-    front += ["library_name: transformers", "pipeline_tag: text-generation", "tags:"] + [f"- {t}" for t in tags] + ["---", ""]
+    front += (
+        ["library_name: transformers", "pipeline_tag: text-generation", "tags:"]
+        + [f"- {t}" for t in tags]
+        + ["---", ""]
+    )
     name = Path(output_dir).name or "model"
     if base_model is None:
         origin = "trained from scratch"
@@ -34,27 +49,62 @@ def render(*, command: str, argv: list[str], recipe: str | None, base_model: str
         origin = f"fine-tuned from [{hub_base}](https://huggingface.co/{hub_base})"
     else:
         origin = f"fine-tuned from the local model `{base_model}`"
-    lines = [f"# {name}", "", f"This model was {origin} with `posttrainllm {command}`.", "", "## How it was trained", "",
-             "```bash", "posttrainllm " + " ".join(shlex.quote(a) for a in argv), "```", ""]
+    lines = [
+        f"# {name}",
+        "",
+        f"This model was {origin} with `posttrainllm {command}`.",
+        "",
+        "## How it was trained",
+        "",
+        "```bash",
+        "posttrainllm " + " ".join(shlex.quote(a) for a in argv),
+        "```",
+        "",
+    ]
     if recipe:
         lines += [f"Recipe: `{recipe}` (command-line flags override it).", ""]
     if plan is not None:
-        lines += [f"Layer-wise LR decay: {summary_line(plan)}.", "", "| depth | LR | scale | factors | frozen |", "|---|---|---|---|---|"]
+        lines += [
+            f"Layer-wise LR decay: {summary_line(plan)}.",
+            "",
+            "| depth | LR | scale | factors | frozen |",
+            "|---|---|---|---|---|",
+        ]
         for r in plan.rows:
             frozen = "yes" if r.get("frozen") else ("not trained" if not r.get("trainable", True) else "")
-            lines.append(f"| {r['block']}{' (tied)' if r.get('tied') else ''} | {format_lr(r['lr'])} | {r['scale']:.4g} | "
-                         f"{', '.join(r.get('factors', [])) or '-'} | {frozen} |")
+            lines.append(
+                f"| {r['block']}{' (tied)' if r.get('tied') else ''} | {format_lr(r['lr'])} | {r['scale']:.4g} | "
+                f"{', '.join(r.get('factors', [])) or '-'} | {frozen} |"
+            )
         lines.append("")
     lines += ["## Data", ""]
-    counts = f"{data.get('n_train')} training rows" + (f", {data.get('n_eval')} eval rows" if data.get("n_eval") else "")
-    lines += [f"`{data.get('source')}` ({data.get('format')}): {counts}." + (f" Eval data: `{data['eval_source']}`." if data.get("eval_source") else ""), ""]
+    counts = f"{data.get('n_train')} training rows" + (
+        f", {data.get('n_eval')} eval rows" if data.get("n_eval") else ""
+    )
+    lines += [
+        f"`{data.get('source')}` ({data.get('format')}): {counts}."
+        + (f" Eval data: `{data['eval_source']}`." if data.get("eval_source") else ""),
+        "",
+    ]
     lines += ["## Results", "", "| metric | value |", "|---|---|"]
-    for key in ("train_loss", "eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "train_runtime", "train_samples_per_second"):
+    for key in (
+        "train_loss",
+        "eval_loss",
+        "eval_rewards/accuracies",
+        "eval_rewards/margins",
+        "train_runtime",
+        "train_samples_per_second",
+    ):
         if metrics.get(key) is not None:
             lines.append(f"| {key} | {_fmt(metrics[key])} |")
     lines.append("")
     if forgetting:
-        lines += ["## Forgetting (held-out text perplexity before → after)", "", "| text | before | after | change |", "|---|---|---|---|"]
+        lines += [
+            "## Forgetting (held-out text perplexity before → after)",
+            "",
+            "| text | before | after | change |",
+            "|---|---|---|---|",
+        ]
         for text, r in forgetting.items():
             change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
             lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |")

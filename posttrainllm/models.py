@@ -10,18 +10,33 @@ from typing import Any
 
 from posttrainllm.errors import ModelError, UsageError, one_line
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.safetensors")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+)
 
 # From-scratch presets for `pretrain` (llama-style decoder). `--model-config` also takes a config.json path.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    "small": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2),  # the study's base
-    "base": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "small": dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2
+    ),  # the study's base
+    "base": dict(
+        hidden_size=512, intermediate_size=1408, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4
+    ),
 }
 
 
 def hub_offline() -> bool:
-    return any(os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def in_hub_cache(repo_id: str) -> bool:
@@ -29,7 +44,9 @@ def in_hub_cache(repo_id: str) -> bool:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in ("config.json", "adapter_config.json"))
+        return any(
+            isinstance(try_to_load_from_cache(repo_id, name), str) for name in ("config.json", "adapter_config.json")
+        )
     except Exception:  # noqa: BLE001 - an invalid repo id is simply not in the cache
         return False
 
@@ -42,7 +59,10 @@ def check_model_ref(ref: str, what: str = "--model", hint: Callable[[], str | No
     if not p.exists():
         if hub_offline() and not in_hub_cache(ref):
             extra = hint() if hint else None
-            raise UsageError(f"{what} {ref}: not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)" + (f"; {extra}" if extra else ""))
+            raise UsageError(
+                f"{what} {ref}: not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)"
+                + (f"; {extra}" if extra else "")
+            )
         return
     if not p.is_dir():
         raise UsageError(f"{what} {ref} is a file; pass the model directory (with config.json and weights) or a hub id")
@@ -65,7 +85,9 @@ def pick_precision(requested: str = "auto") -> str:
     return "fp32"
 
 
-def load_tokenizer(ref: str, trust_remote_code: bool = False, *, need_eos: bool = False, notes: list[str] | None = None):
+def load_tokenizer(
+    ref: str, trust_remote_code: bool = False, *, need_eos: bool = False, notes: list[str] | None = None
+):
     """The tokenizer, with a pad token (its EOS, or a new <|pad|>). need_eos (sft/dpo, which end every completion
     with EOS): a tokenizer without one gets a new <|endoftext|> token, and `notes` says so."""
     from transformers import AutoTokenizer
@@ -91,10 +113,29 @@ def load_tokenizer(ref: str, trust_remote_code: bool = False, *, need_eos: bool 
 # --model-arg keys that a first-class option owns, and the from_pretrained keywords that make no sense here
 _MODEL_ARG_OWNER = {"trust_remote_code": "--trust-remote-code", "pretrained_model_name_or_path": "--model"}
 _LOAD_KWARGS = {
-    "attn_implementation", "cache_dir", "device_map", "dtype", "experts_implementation", "force_download",
-    "gguf_file", "ignore_mismatched_sizes", "key_mapping", "local_files_only", "low_cpu_mem_usage", "max_memory",
-    "offload_buffers", "offload_folder", "quantization_config", "revision", "subfolder", "token", "use_kernels",
-    "use_safetensors", "variant", "weights_only", "disable_mmap",
+    "attn_implementation",
+    "cache_dir",
+    "device_map",
+    "dtype",
+    "experts_implementation",
+    "force_download",
+    "gguf_file",
+    "ignore_mismatched_sizes",
+    "key_mapping",
+    "local_files_only",
+    "low_cpu_mem_usage",
+    "max_memory",
+    "offload_buffers",
+    "offload_folder",
+    "quantization_config",
+    "revision",
+    "subfolder",
+    "token",
+    "use_kernels",
+    "use_safetensors",
+    "variant",
+    "weights_only",
+    "disable_mmap",
 }
 
 
@@ -134,28 +175,41 @@ def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = Fa
             problems.append(f"--model-arg {key}: set it with {_MODEL_ARG_OWNER[name]}")
         elif name not in valid:
             close = difflib.get_close_matches(name, sorted(valid), 3)
-            problems.append(f"--model-arg {key}: not a from_pretrained argument nor a config field of {ref}"
-                            + (f"; did you mean {', '.join(close)}?" if close else ""))
+            problems.append(
+                f"--model-arg {key}: not a from_pretrained argument nor a config field of {ref}"
+                + (f"; did you mean {', '.join(close)}?" if close else "")
+            )
         else:
             out[name] = _yaml_scalar(value)
     if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
         import torch
 
         if not isinstance(getattr(torch, out["dtype"], None), torch.dtype):
-            problems.append(f"--model-arg dtype={out['dtype']}: not a torch dtype (e.g. bfloat16, float16, float32, auto)")
+            problems.append(
+                f"--model-arg dtype={out['dtype']}: not a torch dtype (e.g. bfloat16, float16, float32, auto)"
+            )
     if problems:
         raise ConfigErrors(problems)
     return out
 
 
-def load_model(ref: str, *, trust_remote_code: bool = False, precision: str = "fp32", what: str = "--model", model_args: dict | None = None):
+def load_model(
+    ref: str,
+    *,
+    trust_remote_code: bool = False,
+    precision: str = "fp32",
+    what: str = "--model",
+    model_args: dict | None = None,
+):
     """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors.
     `model_args` (checked by check_model_args) are passed on to from_pretrained."""
     import torch
     from transformers import AutoModelForCausalLM
 
     check_model_ref(ref, what)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float32}[precision]  # fp16: AMP on fp32 weights
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float32}[
+        precision
+    ]  # fp16: AMP on fp32 weights
     kwargs = {"dtype": dtype, **(model_args or {})}
     try:
         model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, **kwargs)
@@ -205,16 +259,26 @@ def scratch_config(spec: str, vocab_size: int, max_length: int, tokenizer):
     """A from-scratch config: a preset name (llama-style) or a path to a config.json of any causal-LM architecture."""
     from transformers import AutoConfig, LlamaConfig
 
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    special = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     check_model_config(spec)
     if spec in PRESETS:
-        return LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max(max_length, 256), tie_word_embeddings=False, **PRESETS[spec], **special)
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            max_position_embeddings=max(max_length, 256),
+            tie_word_embeddings=False,
+            **PRESETS[spec],
+            **special,
+        )
     p = Path(spec).expanduser()
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
         model_type = data.pop("model_type")
     except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"--model-config {spec}: not a readable config.json with a model_type ({one_line(e)})") from None
+        raise UsageError(
+            f"--model-config {spec}: not a readable config.json with a model_type ({one_line(e)})"
+        ) from None
     data.update(vocab_size=vocab_size, **{k: v for k, v in special.items() if v is not None})
     return AutoConfig.for_model(model_type, **data)
 
@@ -229,7 +293,12 @@ def train_bpe_tokenizer(texts, vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,

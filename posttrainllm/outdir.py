@@ -42,7 +42,16 @@ SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
 CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
 # records a run writes besides the model (run_config.json ... training_complete.json), always ours by name
-OWN_RECORDS = frozenset({"run_config.json", "param_groups.json", "trainer_state.json", "eval_results.json", "training_complete.json", ".final-tmp"})
+OWN_RECORDS = frozenset(
+    {
+        "run_config.json",
+        "param_groups.json",
+        "trainer_state.json",
+        "eval_results.json",
+        "training_complete.json",
+        ".final-tmp",
+    }
+)
 # what a run writes before its first training step: a directory holding only these is not a finished run
 PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer"})
 # inputs that --overwrite must not be asked to replace
@@ -115,7 +124,11 @@ def slots(out: Path) -> list[Path]:
     hidden = out / HIDDEN
     if not hidden.is_dir():
         return []
-    found = [(int(d.name[len(SLOT_PREFIX):]), d) for d in hidden.iterdir() if d.name.startswith(SLOT_PREFIX) and d.name[len(SLOT_PREFIX):].isdigit() and d.is_dir()]
+    found = [
+        (int(d.name[len(SLOT_PREFIX) :]), d)
+        for d in hidden.iterdir()
+        if d.name.startswith(SLOT_PREFIX) and d.name[len(SLOT_PREFIX) :].isdigit() and d.is_dir()
+    ]
     return [d for _, d in sorted(found)]
 
 
@@ -279,7 +292,7 @@ class RunDir:
         if not names:
             return
         existing = slots(self.path)
-        k = int(existing[-1].name[len(SLOT_PREFIX):]) + 1 if existing else 1
+        k = int(existing[-1].name[len(SLOT_PREFIX) :]) + 1 if existing else 1
         slot = self.path / HIDDEN / f"{SLOT_PREFIX}{k}"
         slot.mkdir(parents=True)
         if (self.path / HIDDEN / MANIFEST).is_file():
@@ -305,9 +318,13 @@ class RunDir:
             _note(f"this run saved no checkpoint, so the previous contents of {self.label} were put back as they were")
             return
         if slots(self.path):
-            _note(f"the previous contents of {self.label} (moved aside by --overwrite) are kept in {slot or self.label + '/' + HIDDEN}; "
-                  "they are deleted when a run in this directory finishes (e.g. with --resume). To get them back instead, "
-                  f"delete this run's files from {self.label} and move them back")
+            _note(
+                f"the previous contents of {self.label} (moved aside by --overwrite) "
+                f"are kept in {slot or self.label + '/' + HIDDEN}; "
+                "they are deleted when a run in this directory finishes (e.g. with "
+                "--resume). To get them back instead, "
+                f"delete this run's files from {self.label} and move them back"
+            )
 
     def release(self) -> None:
         if self.lock is None:
@@ -353,12 +370,16 @@ def _check(cfg, out: Path) -> bool:
     if cfg.overwrite:
         inside = _inputs_inside(cfg, out)
         if inside:
-            raise UsageError(f"{inside[0]} is inside --output-dir {label}: --overwrite would replace what this run reads; choose another --output-dir")
+            raise UsageError(
+                f"{inside[0]} is inside --output-dir {label}: --overwrite would replace "
+                "what this run reads; choose another --output-dir"
+            )
         strangers = foreign(out)
         if strangers:
             more = f" (and {len(strangers) - 1} more)" if len(strangers) > 1 else ""
             raise UsageError(
-                f"--output-dir {label} holds {shorten(strangers[0], 80)}{more}, which posttrainllm did not write; --overwrite only "
+                f"--output-dir {label} holds {shorten(strangers[0], 80)}{more}, which "
+                "posttrainllm did not write; --overwrite only "
                 "replaces a previous run's own files: move it elsewhere or choose another --output-dir"
             )
         return True
@@ -366,9 +387,19 @@ def _check(cfg, out: Path) -> bool:
         return True  # a failed start or a dry run left only its records: not a finished run
     strangers = foreign(out)
     if strangers:
-        raise UsageError(f"--output-dir {label} is not empty and holds {shorten(strangers[0], 80)}, which posttrainllm did not write; choose another --output-dir")
-    kept = f" (what an unfinished --overwrite run replaced is kept in {label}/{HIDDEN}/{slots(out)[-1].name})" if slots(out) else ""
-    raise UsageError(f"--output-dir {label} is not empty; pass --overwrite to replace it or --resume to continue its run{kept}")
+        raise UsageError(
+            f"--output-dir {label} is not empty and holds "
+            f"{shorten(strangers[0], 80)}, which posttrainllm did not write; choose "
+            "another --output-dir"
+        )
+    kept = (
+        f" (what an unfinished --overwrite run replaced is kept in {label}/{HIDDEN}/{slots(out)[-1].name})"
+        if slots(out)
+        else ""
+    )
+    raise UsageError(
+        f"--output-dir {label} is not empty; pass --overwrite to replace it or --resume to continue its run{kept}"
+    )
 
 
 def prepare(cfg) -> RunDir | None:

@@ -48,7 +48,15 @@ def plan_param_groups(cfg, model):
         ) from None
     except ValueError as e:
         text = str(e)
-        flag = "--llrd-blocks" if "block list" in text else "--lr-group" if "LR group" in text else "--loraplus-ratio" if "loraplus" in text else "layer-wise LR decay"
+        flag = (
+            "--llrd-blocks"
+            if "block list" in text
+            else "--lr-group"
+            if "LR group" in text
+            else "--loraplus-ratio"
+            if "loraplus" in text
+            else "layer-wise LR decay"
+        )
         raise UsageError(f"{flag}: {text}") from None
     llrd.apply_freeze(plan)
     return plan
@@ -61,7 +69,10 @@ def _prepare_output(cfg):
     if run_dir is None:
         if is_rank0():
             done = checkpoints.finished_run(Path(cfg.output_dir).expanduser()) or {}
-            banner.console.print(f"already complete: {cfg.output_dir} holds the finished run (step {done.get('global_step', '?')}); nothing to do")
+            banner.console.print(
+                f"already complete: {cfg.output_dir} holds the finished run (step "
+                f"{done.get('global_step', '?')}); nothing to do"
+            )
         return None
     resume_from = None
     if cfg.resume:
@@ -71,7 +82,9 @@ def _prepare_output(cfg):
             run_dir.release()
             raise
         if skipped and is_rank0():
-            banner.console.print(f"[yellow]note:[/] skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}")
+            banner.console.print(
+                f"[yellow]note:[/] skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}"
+            )
     return run_dir, resume_from
 
 
@@ -90,7 +103,10 @@ def _show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) ->
             write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **extra})
             banner.console.print(f"dry run: nothing trained; parameter groups written to {out / 'param_groups.json'}")
         else:
-            banner.console.print(f"dry run: nothing trained; {out} holds a previous run, which a dry run leaves as it is (param_groups.json not written)")
+            banner.console.print(
+                f"dry run: nothing trained; {out} holds a previous run, which a dry run "
+                "leaves as it is (param_groups.json not written)"
+            )
         return True
     run_dir.start()
     write_json(out / "param_groups.json", plan.to_json())
@@ -105,11 +121,21 @@ def _apply_lora(model, cfg):
         raise UsageError("--lora-r needs PEFT: pip install 'posttrainllm[peft]'") from None
     targets = cfg.lora_targets.strip()
     target_modules = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r, lora_dropout=cfg.lora_dropout, target_modules=target_modules, task_type="CAUSAL_LM")
+    lcfg = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=target_modules,
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, lcfg)
     except ValueError as e:
         raise UsageError(f"--lora-targets {targets}: {str(e).splitlines()[0]}") from None
+
+
+def _default_reference(cfg) -> str:
+    return "adapter-disabled base" if cfg.lora_r else "frozen copy of --model"
 
 
 def _device_name() -> str:
@@ -136,8 +162,15 @@ def _stream_rows(cfg) -> int | None:
 def _prepare_data(cfg, tokenizer):
     from posttrainllm import data
 
-    common = dict(eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples,
-                  num_proc=cfg.dataset_num_proc, streaming=cfg.streaming, stream_rows=_stream_rows(cfg))
+    common = dict(
+        eval_split=cfg.eval_split,
+        eval_source=cfg.eval_dataset,
+        seed=cfg.seed,
+        max_samples=cfg.max_samples,
+        num_proc=cfg.dataset_num_proc,
+        streaming=cfg.streaming,
+        stream_rows=_stream_rows(cfg),
+    )
     if cfg.command == "sft":
         prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     elif cfg.command == "dpo":
@@ -148,14 +181,21 @@ def _prepare_data(cfg, tokenizer):
         if cfg.command == "sft":  # replay rows take the SFT rows' shape, with the loss on the replayed text
             replay = data.load_texts(cfg.replay_dataset, streaming=cfg.streaming)
         else:  # finetune: replay token blocks of the same length beside the training blocks
-            replay = data.prepare_text(cfg.replay_dataset, tokenizer, max_length=cfg.max_length, seed=cfg.seed,
-                                       num_proc=cfg.dataset_num_proc, streaming=cfg.streaming).train
+            replay = data.prepare_text(
+                cfg.replay_dataset,
+                tokenizer,
+                max_length=cfg.max_length,
+                seed=cfg.seed,
+                num_proc=cfg.dataset_num_proc,
+                streaming=cfg.streaming,
+            ).train
         prepared.train = data.mix_replay(prepared.train, replay, cfg.replay_ratio, cfg.seed)
         if not cfg.streaming:
             prepared.n_train = len(prepared.train)
     if cfg.command == "sft":  # after replay: replay rows are masked like the others (their text is all trained)
-        prepared.loss = data.apply_loss_mask(prepared, tokenizer, train_on_prompt=cfg.train_on_prompt,
-                                             num_proc=cfg.dataset_num_proc)
+        prepared.loss = data.apply_loss_mask(
+            prepared, tokenizer, train_on_prompt=cfg.train_on_prompt, num_proc=cfg.dataset_num_proc
+        )
     return prepared
 
 
@@ -224,16 +264,32 @@ def _train(cfg, run_dir, resume_from) -> None:
     if cfg.command == "dpo" and cfg.ref_model:
         models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model))
     notes: list[str] = []
-    tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes)
+    tokenizer = models.load_tokenizer(
+        cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+    )
     cfg, clamped = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
     notes += clamped
     prepared = _prepare_data(cfg, tokenizer)
-    model = models.load_model(cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args)
+    model = models.load_model(
+        cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args
+    )
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
-        ref_model = models.load_model(cfg.ref_model, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model", model_args=model_args) if cfg.ref_model else copy.deepcopy(model)
-        ref_model.requires_grad_(False)  # frozen: never in the optimizer (under FSDP it is sharded for its forward only)
+        ref_model = (
+            models.load_model(
+                cfg.ref_model,
+                trust_remote_code=cfg.trust_remote_code,
+                precision=precision,
+                what="--ref-model",
+                model_args=model_args,
+            )
+            if cfg.ref_model
+            else copy.deepcopy(model)
+        )
+        ref_model.requires_grad_(
+            False
+        )  # frozen: never in the optimizer (under FSDP it is sharded for its forward only)
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
 
@@ -244,24 +300,47 @@ def _train(cfg, run_dir, resume_from) -> None:
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
-        "model": f"{cfg.model} ({type(model).__name__}, {plan.num_layers} blocks, {banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
+        "model": f"{cfg.model} ({type(model).__name__}, {plan.num_layers} blocks, "
+        f"{banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
         "data": describe(prepared),
         "loss on": prepared.loss.description if prepared.loss is not None else None,
-        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, max length {cfg.max_length})",
-        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
-        "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}" if cfg.lora_r else None,
-        "DPO": f"β={cfg.beta}, reference={cfg.ref_model or ('adapter-disabled base' if cfg.lora_r else 'frozen copy of --model')}" if cfg.command == "dpo" else None,
+        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum "
+        f"{cfg.grad_accum}, max length {cfg.max_length})",
+        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
+        f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
+        "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}"
+        if cfg.lora_r
+        else None,
+        "DPO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "dpo" else None,
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
         "precision": f"{precision} on {_device_name()}",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    resolved = {"data_format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args, "model_args": {k: str(v) for k, v in model_args.items()}}
+    resolved = {
+        "data_format": prepared.format,
+        "n_train": prepared.n_train,
+        "n_eval": prepared.n_eval,
+        "trainer_args": trainer_args,
+        "model_args": {k: str(v) for k, v in model_args.items()},
+    }
     if _show_plan(cfg, info, plan, notes, resolved, run_dir):
         return
 
     before = _ood_eval(model, tokenizer, cfg) if cfg.ood_eval else None
-    _run_trainer(cfg, TRAINER_KIND[cfg.command], model, tokenizer, prepared, precision, resume_from, run_dir, plan, ref_model=ref_model, before=before)
+    _run_trainer(
+        cfg,
+        TRAINER_KIND[cfg.command],
+        model,
+        tokenizer,
+        prepared,
+        precision,
+        resume_from,
+        run_dir,
+        plan,
+        ref_model=ref_model,
+        before=before,
+    )
 
 
 def _at_last_step(trainer, checkpoint: Path) -> int | None:
@@ -274,12 +353,26 @@ def _at_last_step(trainer, checkpoint: Path) -> int | None:
     return step if step >= max_steps else None
 
 
-def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, plan, *, ref_model=None, before=None) -> None:
+def _run_trainer(
+    cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, plan, *, ref_model=None, before=None
+) -> None:
     from posttrainllm.trainers import build_trainer
 
     guard = checkpoints.InterruptGuard()
     callbacks = [checkpoints.make_callback(guard)]
-    trainer = build_trainer(kind, cfg, model=model, tokenizer=tokenizer, train=prepared.train, eval_ds=prepared.eval, precision=precision, plan=plan, ref_model=ref_model, callbacks=callbacks, loss=prepared.loss)
+    trainer = build_trainer(
+        kind,
+        cfg,
+        model=model,
+        tokenizer=tokenizer,
+        train=prepared.train,
+        eval_ds=prepared.eval,
+        precision=precision,
+        plan=plan,
+        ref_model=ref_model,
+        callbacks=callbacks,
+        loss=prepared.loss,
+    )
     if cfg.report_to in ("tensorboard", "all"):
         run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
     baseline = None
@@ -296,7 +389,9 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             banner.console.print(f"{resume_from.name} is at the last step ({last}): writing the final model from it")
         trainer._load_from_checkpoint(str(resume_from))
         trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
-        metrics = {k: v for h in trainer.state.log_history for k, v in h.items() if k in ("train_loss", "train_runtime")}
+        metrics = {
+            k: v for h in trainer.state.log_history for k, v in h.items() if k in ("train_loss", "train_runtime")
+        }
     else:
         with guard:
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -305,7 +400,11 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             raise SystemExit(guard.exit_code)
         metrics = dict(result.metrics)
         if not math.isfinite(metrics.get("train_loss", 0.0)):
-            raise TrainingError(f"training diverged: the mean training loss is {metrics['train_loss']}; no final model was written. Try a lower --lr (now {cfg.lr:g}), a warmup (--warmup-ratio 0.05) or --precision fp32")
+            raise TrainingError(
+                f"training diverged: the mean training loss is {metrics['train_loss']}; "
+                f"no final model was written. Try a lower --lr (now {cfg.lr:g}), a "
+                "warmup (--warmup-ratio 0.05) or --precision fp32"
+            )
 
     if prepared.eval is not None:
         metrics.update(trainer.evaluate())
@@ -333,7 +432,15 @@ def _run_trainer(cfg, kind, model, tokenizer, prepared, precision, resume_from, 
             _write_drift(run_dir, out, drift_report)
         write_json(out / "eval_results.json", results)
         _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report)
-        write_json(out / checkpoints.FINAL_MARKER, {"global_step": trainer.state.global_step, "train_loss": metrics.get("train_loss"), "eval_loss": metrics.get("eval_loss"), "files": sizes})
+        write_json(
+            out / checkpoints.FINAL_MARKER,
+            {
+                "global_step": trainer.state.global_step,
+                "train_loss": metrics.get("train_loss"),
+                "eval_loss": metrics.get("eval_loss"),
+                "files": sizes,
+            },
+        )
     run_dir.finish()  # the new final save is complete: what --overwrite moved aside can go
     if trainer.is_world_process_zero():
         if report:
@@ -356,19 +463,31 @@ def _report_interrupt(cfg, trainer, guard) -> None:
     why = f" (another rank received {signal.Signals(guard.signum).name})" if guard.from_other_rank else ""
     if not trainer.is_world_process_zero():
         if guard.from_other_rank:
-            print(f"rank {os.environ.get('RANK', '?')}: stopped at step {step}{why}; checkpoint saved in {cfg.output_dir}", file=sys.stderr, flush=True)
+            print(
+                f"rank {os.environ.get('RANK', '?')}: stopped at step {step}{why}; "
+                f"checkpoint saved in {cfg.output_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
         return
     args = [a for a in cfg.argv if a != "--overwrite"]
     resume_cmd = "posttrainllm " + " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
     where = " (under the same launcher, on every node)" if distributed.world_size() > 1 else ""
-    banner.console.print(f"[yellow]interrupted[/] at step {step}{why}: checkpoint saved in {cfg.output_dir}. Resume with{where}:\n  {resume_cmd}")
+    banner.console.print(
+        f"[yellow]interrupted[/] at step {step}{why}: checkpoint saved in "
+        f"{cfg.output_dir}. Resume with{where}:\n  {resume_cmd}"
+    )
 
 
 def _log_forgetting(trainer, report: dict) -> None:
     """The forgetting report to the experiment trackers too (ood/<file>/ppl_before, ppl_after, change_pct)."""
     logs = {}
     for name, r in report.items():
-        for key, value in (("ppl_before", r.get("before")), ("ppl_after", r.get("after")), ("change_pct", r.get("change_pct"))):
+        for key, value in (
+            ("ppl_before", r.get("before")),
+            ("ppl_after", r.get("after")),
+            ("change_pct", r.get("change_pct")),
+        ):
             if isinstance(value, (int, float)) and math.isfinite(value):
                 logs[f"ood/{name}/{key}"] = value
     if logs and trainer.args.report_to not in (None, "none", [], ["none"]):
@@ -385,15 +504,31 @@ def _write_drift(run_dir, out: Path, report: dict) -> None:
         banner.console.print(f"note: {note}")
 
 
-def _write_model_card(cfg, run_dir, plan, prepared, metrics: dict, forgetting: dict | None, drift_report: dict | None) -> None:
+def _write_model_card(
+    cfg, run_dir, plan, prepared, metrics: dict, forgetting: dict | None, drift_report: dict | None
+) -> None:
     from posttrainllm import model_card
 
     run_dir.own(["README.md"])
-    data = {"source": prepared.source, "format": prepared.format, "n_train": prepared.n_train, "n_eval": prepared.n_eval,
-            "eval_source": prepared.eval_source}
-    text = model_card.render(command=cfg.command, argv=cfg.argv, recipe=cfg.recipe,
-                             base_model=None if cfg.command == "pretrain" else cfg.model, plan=plan, data=data, metrics=metrics,
-                             forgetting=forgetting, drift=drift_report, output_dir=cfg.output_dir)
+    data = {
+        "source": prepared.source,
+        "format": prepared.format,
+        "n_train": prepared.n_train,
+        "n_eval": prepared.n_eval,
+        "eval_source": prepared.eval_source,
+    }
+    text = model_card.render(
+        command=cfg.command,
+        argv=cfg.argv,
+        recipe=cfg.recipe,
+        base_model=None if cfg.command == "pretrain" else cfg.model,
+        plan=plan,
+        data=data,
+        metrics=metrics,
+        forgetting=forgetting,
+        drift=drift_report,
+        output_dir=cfg.output_dir,
+    )
     tmp = Path(cfg.output_dir) / "README.md.tmp"
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(Path(cfg.output_dir) / "README.md")
@@ -429,22 +564,43 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     else:  # trained from batches of text, never from one string holding the corpus
         tokenizer = models.train_bpe_tokenizer(data.iter_texts(corpus), cfg.vocab_size)
-    prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, eval_split=cfg.eval_split, eval_source=cfg.eval_dataset, seed=cfg.seed, max_samples=cfg.max_samples,
-                                 num_proc=cfg.dataset_num_proc, streaming=cfg.streaming, stream_rows=_stream_rows(cfg))
+    prepared = data.prepare_text(
+        cfg.dataset,
+        tokenizer,
+        max_length=cfg.max_length,
+        eval_split=cfg.eval_split,
+        eval_source=cfg.eval_dataset,
+        seed=cfg.seed,
+        max_samples=cfg.max_samples,
+        num_proc=cfg.dataset_num_proc,
+        streaming=cfg.streaming,
+        stream_rows=_stream_rows(cfg),
+    )
     config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
     model = AutoModelForCausalLM.from_config(config)
     plan = plan_param_groups(cfg, model)
     info = {
-        "model": f"from scratch: {cfg.model_config} ({config.model_type}, {plan.num_layers} blocks, {banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
+        "model": f"from scratch: {cfg.model_config} ({config.model_type}, "
+        f"{plan.num_layers} blocks, "
+        f"{banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
         "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens, trained on the corpus",
         "data": data.describe(prepared),
-        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum {cfg.grad_accum}, block length {cfg.max_length})",
-        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim {cfg.optim}, weight decay {cfg.weight_decay:g})",
+        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum "
+        f"{cfg.grad_accum}, block length {cfg.max_length})",
+        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
+        f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
         "precision": f"{precision} on {_device_name()}",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
-    if _show_plan(cfg, info, plan, [], {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args}, run_dir):
+    if _show_plan(
+        cfg,
+        info,
+        plan,
+        [],
+        {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args},
+        run_dir,
+    ):
         return
     if is_rank0():
         run_dir.own(["tokenizer"])
@@ -473,7 +629,9 @@ def evaluate(cfg) -> None:
         from posttrainllm import data
 
         sft_examples = data.load(cfg.sft_dataset)  # memory-mapped; scored in chunks
-    results = ev.evaluate_files(model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json)
+    results = ev.evaluate_files(
+        model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json
+    )
     if cfg.json:
         print(json.dumps(ev.json_ready(results), allow_nan=False))
         return

@@ -73,15 +73,25 @@ class SweepSpec:
     discard_weights: bool = False
 
     def cells(self) -> list[Cell]:
-        return [Cell(g, lr, r, s) for g in self.gammas for lr in self.lrs for r in self.replay_ratios for s in self.seeds]
+        return [
+            Cell(g, lr, r, s) for g in self.gammas for lr in self.lrs for r in self.replay_ratios for s in self.seeds
+        ]
 
     def argv(self, cell: Cell) -> list[str]:
         """The cell's command line. A replay ratio of 0 means no replay, so --replay-dataset is left out."""
         passthrough = list(self.passthrough)
         if cell.replay_ratio == 0:
             passthrough = _without(passthrough, "--replay-dataset")
-        args = [self.command, *passthrough, "--lr", f"{cell.lr:g}", "--seed", str(cell.seed),
-                "--output-dir", str(self.output_dir / "cells" / cell.name)]
+        args = [
+            self.command,
+            *passthrough,
+            "--lr",
+            f"{cell.lr:g}",
+            "--seed",
+            str(cell.seed),
+            "--output-dir",
+            str(self.output_dir / "cells" / cell.name),
+        ]
         if cell.gamma != 1.0:
             args += ["--llrd", f"{cell.gamma:g}"]
         if cell.replay_ratio > 0:
@@ -90,8 +100,16 @@ class SweepSpec:
 
 
 # ------------------------------------------------------------------------------------------------ parsing
-_SWEEP_OPTIONS = {"--llrd": "gammas", "--lr": "lrs", "--replay-ratio": "replay_ratios", "--seeds": "seeds", "--seed": "seeds",
-                  "--jobs": "jobs", "--max-forgetting": "max_forgetting", "--output-dir": "output_dir"}
+_SWEEP_OPTIONS = {
+    "--llrd": "gammas",
+    "--lr": "lrs",
+    "--replay-ratio": "replay_ratios",
+    "--seeds": "seeds",
+    "--seed": "seeds",
+    "--jobs": "jobs",
+    "--max-forgetting": "max_forgetting",
+    "--output-dir": "output_dir",
+}
 
 
 def _numbers(flag: str, text: str, kind=float) -> list:
@@ -260,8 +278,12 @@ def _run_cell(spec: SweepSpec, cell: Cell, job: int) -> dict:
     with open(log, "w") as f:
         f.write("$ posttrainllm " + " ".join(shlex.quote(a) for a in argv) + "\n")
         f.flush()
-        rc = subprocess.run([sys.executable, "-m", "posttrainllm", *argv], stdout=f, stderr=subprocess.STDOUT,
-                            env=_env_for(job, spec.jobs)).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "posttrainllm", *argv],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_env_for(job, spec.jobs),
+        ).returncode
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         return {"cell": cell.name, "failed": True, "exit_code": rc, "error": tail[0][:300], "log": str(log)}
@@ -278,9 +300,16 @@ def _record(spec: SweepSpec, cell: Cell, d: Path, seconds: float) -> dict:
     metrics = results.get("train", {})
     ood = {name: r.get("change_pct") for name, r in (results.get("ood") or {}).items()}
     record = {
-        "cell": cell.name, "gamma": cell.gamma, "lr": cell.lr, "replay_ratio": cell.replay_ratio, "seed": cell.seed,
-        "eval_loss": metrics.get("eval_loss"), "train_loss": metrics.get("train_loss"), "ood_change_pct": ood,
-        "seconds": round(seconds, 1), "fingerprint": _fingerprint(spec, cell),
+        "cell": cell.name,
+        "gamma": cell.gamma,
+        "lr": cell.lr,
+        "replay_ratio": cell.replay_ratio,
+        "seed": cell.seed,
+        "eval_loss": metrics.get("eval_loss"),
+        "train_loss": metrics.get("train_loss"),
+        "ood_change_pct": ood,
+        "seconds": round(seconds, 1),
+        "fingerprint": _fingerprint(spec, cell),
     }
     for key, name in (("eval_rewards/accuracies", "reward_accuracy"), ("eval_rewards/margins", "reward_margin")):
         if key in metrics:
@@ -300,8 +329,10 @@ def run(spec: SweepSpec, echo=print) -> dict:
             records[cell.name] = done
         else:
             todo.append(cell)
-    echo(f"sweep: {len(cells)} cells ({len(cells) - len(todo)} already done, {len(todo)} to run, {spec.jobs} at a time)"
-         f" → {spec.output_dir}")
+    echo(
+        f"sweep: {len(cells)} cells ({len(cells) - len(todo)} already done, {len(todo)} to run, {spec.jobs} at a time)"
+        f" → {spec.output_dir}"
+    )
     failed = []
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
         futures = [pool.submit(_run_cell, spec, cell, i % spec.jobs) for i, cell in enumerate(todo)]
@@ -309,7 +340,10 @@ def run(spec: SweepSpec, echo=print) -> dict:
             rec = fut.result()
             if rec.get("failed"):
                 failed.append(rec)
-                echo(f"[{n}/{len(todo)}] {rec['cell']}: FAILED (exit {rec['exit_code']}): {rec['error']}  (log: {rec['log']})")
+                echo(
+                    f"[{n}/{len(todo)}] {rec['cell']}: FAILED (exit {rec['exit_code']}): "
+                    f"{rec['error']}  (log: {rec['log']})"
+                )
                 continue
             records[rec["cell"]] = rec
             ood = ", ".join(f"{k} {v:+.1f}%" for k, v in rec["ood_change_pct"].items() if v is not None)
@@ -380,9 +414,11 @@ def _flat_at(summary: list[dict], row: dict) -> dict | None:
     if not flat or row is None or (row["gamma"] == 1.0 and row["replay_ratio"] == 0):
         return None
     value = interpolate([(r["eval_loss"], r["forgetting_pct"]) for r in flat], row["eval_loss"])
-    return {"flat_forgetting_pct_at_same_eval_loss": value,
-            "flat_lrs": sorted(r["lr"] for r in flat),
-            "note": None if value is not None else "outside flat's range of eval losses: widen flat's LR sweep"}
+    return {
+        "flat_forgetting_pct_at_same_eval_loss": value,
+        "flat_lrs": sorted(r["lr"] for r in flat),
+        "note": None if value is not None else "outside flat's range of eval losses: widen flat's LR sweep",
+    }
 
 
 def _key(row: dict) -> tuple:
@@ -392,8 +428,12 @@ def _key(row: dict) -> tuple:
 def recommend(summary: list[dict], max_forgetting: float) -> dict:
     rows = [r for r in summary if r["forgetting_pct"] is not None]
     if not rows:
-        return {"best": None, "least_forgetting": None, "max_forgetting_pct": max_forgetting,
-                "note": "no cell finished with an eval loss and OOD figures"}
+        return {
+            "best": None,
+            "least_forgetting": None,
+            "max_forgetting_pct": max_forgetting,
+            "note": "no cell finished with an eval loss and OOD figures",
+        }
     ok = [r for r in rows if r["forgetting_pct"] <= max_forgetting]
     best = min(ok, key=lambda r: (r["eval_loss"], r["forgetting_pct"], _key(r))) if ok else None
     top = min(r["eval_loss"] for r in rows)
@@ -403,20 +443,34 @@ def recommend(summary: list[dict], max_forgetting: float) -> dict:
     def describe(r):
         if r is None:
             return None
-        return {"llrd": r["gamma"], "lr": r["lr"], "replay_ratio": r["replay_ratio"], "eval_loss": r["eval_loss"],
-                "forgetting_pct": r["forgetting_pct"], "vs_flat": _flat_at(summary, r)}
+        return {
+            "llrd": r["gamma"],
+            "lr": r["lr"],
+            "replay_ratio": r["replay_ratio"],
+            "eval_loss": r["eval_loss"],
+            "forgetting_pct": r["forgetting_pct"],
+            "vs_flat": _flat_at(summary, r),
+        }
 
-    out = {"best": describe(best), "least_forgetting": describe(least), "max_forgetting_pct": max_forgetting,
-           "best_eval_loss": top}
+    out = {
+        "best": describe(best),
+        "least_forgetting": describe(least),
+        "max_forgetting_pct": max_forgetting,
+        "best_eval_loss": top,
+    }
     if best is None:
-        out["note"] = f"no cell forgets at most {max_forgetting:g}%: the least forgetting one near the best eval loss is given"
+        out["note"] = (
+            f"no cell forgets at most {max_forgetting:g}%: the least forgetting one near the best eval loss is given"
+        )
     return out
 
 
 def _fmt_cell(r: dict | None) -> str:
     if r is None:
         return "none"
-    text = f"--llrd {r['llrd']:g} --lr {r['lr']:g}" + (f" --replay-ratio {r['replay_ratio']:g}" if r["replay_ratio"] else "")
+    text = f"--llrd {r['llrd']:g} --lr {r['lr']:g}" + (
+        f" --replay-ratio {r['replay_ratio']:g}" if r["replay_ratio"] else ""
+    )
     text += f" (eval loss {r['eval_loss']:.4f}, forgetting {r['forgetting_pct']:+.1f}%)"
     flat = r.get("vs_flat") or {}
     if flat.get("flat_forgetting_pct_at_same_eval_loss") is not None:
@@ -428,8 +482,11 @@ def _fmt_cell(r: dict | None) -> str:
 
 def recommendation_lines(result: dict) -> list[str]:
     rec = result["recommendation"]
-    lines = [f"recommended (lowest eval loss with forgetting ≤ {rec.get('max_forgetting_pct', 0):g}%): {_fmt_cell(rec.get('best'))}",
-             f"least forgetting within 1% of the best eval loss: {_fmt_cell(rec.get('least_forgetting'))}"]
+    lines = [
+        "recommended (lowest eval loss with forgetting ≤ "
+        f"{rec.get('max_forgetting_pct', 0):g}%): {_fmt_cell(rec.get('best'))}",
+        f"least forgetting within 1% of the best eval loss: {_fmt_cell(rec.get('least_forgetting'))}",
+    ]
     if rec.get("note"):
         lines.append(f"note: {rec['note']}")
     return lines
@@ -441,12 +498,22 @@ def write_markdown(result: dict, path: Path) -> None:
     dpo = any("reward_accuracy" in r for r in summary)
     head = ["γ", "LR", "replay", "seeds", "eval loss"] + (["reward acc.", "margin"] if dpo else [])
     head += [f"{n} PPL Δ%" for n in names] + ["forgetting %"]
-    lines = [f"# Sweep: posttrainllm {result['command']}", "",
-             "Options of every cell: `" + " ".join(shlex.quote(a) for a in result["options"]) + "`", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"# Sweep: posttrainllm {result['command']}",
+        "",
+        "Options of every cell: `" + " ".join(shlex.quote(a) for a in result["options"]) + "`",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in sorted(summary, key=lambda r: (r["replay_ratio"], -r["gamma"], r["lr"])):
-        cells = [f"{r['gamma']:g}", f"{r['lr']:g}", f"{r['replay_ratio']:g}", str(r["seeds"]),
-                 f"{r['eval_loss']:.4f} ± {r['eval_loss_std']:.4f}"]
+        cells = [
+            f"{r['gamma']:g}",
+            f"{r['lr']:g}",
+            f"{r['replay_ratio']:g}",
+            str(r["seeds"]),
+            f"{r['eval_loss']:.4f} ± {r['eval_loss_std']:.4f}",
+        ]
         if dpo:
             cells += [f"{r.get('reward_accuracy', float('nan')):.3f}", f"{r.get('reward_margin', float('nan')):.3f}"]
         for n in names:
@@ -474,7 +541,9 @@ def plot_frontier(summary: list[dict], path: Path) -> str | None:
     for r in summary:
         if r["forgetting_pct"] is None:
             continue
-        label = ("flat" if r["gamma"] == 1.0 else f"γ={r['gamma']:g}") + (f" + replay {r['replay_ratio']:g}" if r["replay_ratio"] else "")
+        label = ("flat" if r["gamma"] == 1.0 else f"γ={r['gamma']:g}") + (
+            f" + replay {r['replay_ratio']:g}" if r["replay_ratio"] else ""
+        )
         series.setdefault(label, []).append(r)
     if not series:
         return "frontier.png not written: no cell finished"
@@ -482,10 +551,24 @@ def plot_frontier(summary: list[dict], path: Path) -> str | None:
     for label, rows in sorted(series.items(), key=lambda kv: kv[0] != "flat"):
         rows = sorted(rows, key=lambda r: r["lr"])
         style = dict(lw=2.5, color="black") if label == "flat" else dict(ls="--") if "replay" in label else {}
-        ax.errorbar([r["eval_loss"] for r in rows], [r["forgetting_pct"] for r in rows], xerr=[r["eval_loss_std"] for r in rows],
-                    marker="o", capsize=3, label=label, **style)
+        ax.errorbar(
+            [r["eval_loss"] for r in rows],
+            [r["forgetting_pct"] for r in rows],
+            xerr=[r["eval_loss_std"] for r in rows],
+            marker="o",
+            capsize=3,
+            label=label,
+            **style,
+        )
         for r in rows:
-            ax.annotate(f"{r['lr']:g}", (r["eval_loss"], r["forgetting_pct"]), fontsize=7, alpha=0.6, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                f"{r['lr']:g}",
+                (r["eval_loss"], r["forgetting_pct"]),
+                fontsize=7,
+                alpha=0.6,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     ax.set_xlabel("in-domain eval loss (lower = learned more)")
     ax.set_ylabel("forgetting: worst OOD perplexity change, %")
     ax.set_title("sweep frontier (points = LRs, one curve per γ)", fontsize=10)

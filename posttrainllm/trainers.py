@@ -217,10 +217,21 @@ class DivergenceGuardMixin:
         since = self._nf_checked if self._nf_checked is not None else getattr(self, "_initial_global_step", 0)
         when = f"at step {step}" if step - since <= 1 else f"between steps {since + 1} and {step}"
         good = [d for d in checkpoint_dirs(self.args.output_dir) if verify_checkpoint(d) is None]
-        kept = (f"the last good checkpoint is {Path(self.args.output_dir) / good[-1].name} (continue from it with --resume "
-                "--allow-config-change and a lower --lr)") if good else "no checkpoint had been saved"
-        return (f"training diverged: {what} {when}; nothing from that point was saved and no final model was written "
-                f"({kept}). Try a lower --lr (now {self.args.learning_rate:g}), a warmup (--warmup-ratio 0.05) or --precision fp32")
+        kept = (
+            (
+                "the last good checkpoint is "
+                f"{Path(self.args.output_dir) / good[-1].name} (continue from it with "
+                "--resume "
+                "--allow-config-change and a lower --lr)"
+            )
+            if good
+            else "no checkpoint had been saved"
+        )
+        return (
+            f"training diverged: {what} {when}; nothing from that point was saved and no final model was written "
+            f"({kept}). Try a lower --lr (now {self.args.learning_rate:g}), a "
+            "warmup (--warmup-ratio 0.05) or --precision fp32"
+        )
 
 
 def interactive() -> bool:
@@ -319,7 +330,10 @@ def _check_same_groups_on_every_rank(groups: list[dict]) -> tuple[str, int] | No
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if len(set(every)) != 1:
-        raise ModelError(f"ranks built different LLRD parameter groups ({len(set(every))} distinct layouts); every rank must load the same model and options")
+        raise ModelError(
+            f"ranks built different LLRD parameter groups ({len(set(every))} "
+            "distinct layouts); every rank must load the same model and options"
+        )
     return mine, len(every)
 
 
@@ -332,11 +346,19 @@ def check_distributed_engine(trainer, llrd_active: bool) -> None:
         plugin = trainer.accelerator.state.deepspeed_plugin
         ds_config = getattr(plugin, "deepspeed_config", None) or {}
         if "optimizer" in ds_config:
-            raise UsageError("the DeepSpeed config defines its own \"optimizer\", which replaces the layer-wise LR groups; remove the \"optimizer\" section (posttrainllm builds AdamW with per-block groups) or drop --llrd")
+            raise UsageError(
+                'the DeepSpeed config defines its own "optimizer", which replaces the '
+                'layer-wise LR groups; remove the "optimizer" section (posttrainllm '
+                "builds AdamW with per-block groups) or drop --llrd"
+            )
     if getattr(trainer, "is_fsdp_enabled", False):
         plugin = trainer.accelerator.state.fsdp_plugin
         if getattr(plugin, "fsdp_version", 1) == 1 and not getattr(plugin, "use_orig_params", False):
-            raise UsageError("FSDP with use_orig_params=false flattens parameters across blocks, so per-block LRs cannot apply; set fsdp_use_orig_params: true in the accelerate config (or use FSDP2)")
+            raise UsageError(
+                "FSDP with use_orig_params=false flattens parameters across blocks, so "
+                "per-block LRs cannot apply; set fsdp_use_orig_params: true in the "
+                "accelerate config (or use FSDP2)"
+            )
 
 
 def check_optim_name(name: str) -> None:
@@ -400,22 +422,45 @@ def make_config(config_cls, **kwargs: Any):
     fields = set(getattr(config_cls, "__dataclass_fields__", {}))
     unknown = sorted(set(kwargs) - fields)
     if unknown:
-        hints = "; ".join(f"{k} (closest: {', '.join(difflib.get_close_matches(k, fields, 3)) or 'none'})" for k in unknown)
+        hints = "; ".join(
+            f"{k} (closest: {', '.join(difflib.get_close_matches(k, fields, 3)) or 'none'})" for k in unknown
+        )
         raise UsageError(f"{config_cls.__name__} of the installed version has no argument {hints}")
     return config_cls(**kwargs)
 
 
 # Trainer fields that a first-class option sets: --trainer-arg may not set them (the option is the one place).
 FIRST_CLASS = {
-    "learning_rate": "--lr", "weight_decay": "--weight-decay", "optim": "--optim", "lr_scheduler_type": "--lr-scheduler",
-    "warmup_steps": "--warmup-ratio", "warmup_ratio": "--warmup-ratio", "max_steps": "--max-steps",
-    "num_train_epochs": "--epochs", "per_device_train_batch_size": "--batch-size", "per_device_eval_batch_size": "--batch-size",
-    "gradient_accumulation_steps": "--grad-accum", "seed": "--seed", "data_seed": "--seed", "save_steps": "--save-steps",
-    "save_total_limit": "--save-total-limit", "logging_steps": "--logging-steps", "eval_steps": "--eval-steps",
-    "bf16": "--precision", "fp16": "--precision", "activation_checkpointing": "--gradient-checkpointing",
-    "gradient_checkpointing": "--gradient-checkpointing", "output_dir": "--output-dir", "max_length": "--max-length",
-    "beta": "--beta", "report_to": "--report-to", "ddp_timeout": "--ddp-timeout", "dataset_num_proc": "--dataset-num-proc",
-    "resume_from_checkpoint": "--resume", "overwrite_output_dir": "--overwrite", "assistant_only_loss": "--train-on-prompt",
+    "learning_rate": "--lr",
+    "weight_decay": "--weight-decay",
+    "optim": "--optim",
+    "lr_scheduler_type": "--lr-scheduler",
+    "warmup_steps": "--warmup-ratio",
+    "warmup_ratio": "--warmup-ratio",
+    "max_steps": "--max-steps",
+    "num_train_epochs": "--epochs",
+    "per_device_train_batch_size": "--batch-size",
+    "per_device_eval_batch_size": "--batch-size",
+    "gradient_accumulation_steps": "--grad-accum",
+    "seed": "--seed",
+    "data_seed": "--seed",
+    "save_steps": "--save-steps",
+    "save_total_limit": "--save-total-limit",
+    "logging_steps": "--logging-steps",
+    "eval_steps": "--eval-steps",
+    "bf16": "--precision",
+    "fp16": "--precision",
+    "activation_checkpointing": "--gradient-checkpointing",
+    "gradient_checkpointing": "--gradient-checkpointing",
+    "output_dir": "--output-dir",
+    "max_length": "--max-length",
+    "beta": "--beta",
+    "report_to": "--report-to",
+    "ddp_timeout": "--ddp-timeout",
+    "dataset_num_proc": "--dataset-num-proc",
+    "resume_from_checkpoint": "--resume",
+    "overwrite_output_dir": "--overwrite",
+    "assistant_only_loss": "--train-on-prompt",
 }
 
 
@@ -451,7 +496,10 @@ def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
             problems.append(f"--trainer-arg {key}: set it with {FIRST_CLASS[key]} (the option posttrainllm owns)")
         elif key not in hints:
             close = difflib.get_close_matches(key, list(hints), 3)
-            problems.append(f"--trainer-arg {key}: not a field of {cls.__name__}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+            problems.append(
+                f"--trainer-arg {key}: not a field of {cls.__name__}"
+                + (f"; did you mean {', '.join(close)}?" if close else "")
+            )
         else:
             try:
                 out[key] = coerce(value, hints[key])
@@ -493,10 +541,12 @@ def coerce(value: Any, hint: Any) -> Any:
     if hint is Any or hint is object:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args):
-            if type(None) in args:
-                return None
-        for arg in sorted((a for a in args if a is not type(None)), key=lambda a: a is str):  # str last: it takes anything
+        none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if none and type(None) in args:
+            return None
+        for arg in sorted(
+            (a for a in args if a is not type(None)), key=lambda a: a is str
+        ):  # str last: it takes anything
             try:
                 return coerce(value, arg)
             except (ValueError, TypeError):
@@ -571,10 +621,14 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None)
         raise UsageError(f"--trainer-arg {', '.join(extra)}: {str(e).splitlines()[0][:300]}") from None
 
 
-def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=(), loss=None):
+def build_trainer(
+    kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=(), loss=None
+):
     """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed and the run's plan."""
     conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
-    common = dict(args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks))
+    common = dict(
+        args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
+    )
     if kind == "sft":
         from trl import SFTTrainer
 
@@ -598,7 +652,11 @@ def build_trainer(kind: str, cfg, *, model, tokenizer, train, eval_ds, precision
     trainer.add_callback(bars() if interactive() and not conf.disable_tqdm else plain())
     check_distributed_engine(trainer, llrd_active=plan.lr_scaled)
     if hasattr(trainer.train_dataset, "__len__") and len(trainer.train_dataset) == 0:  # a stream has no length
-        raise DataError(f"no training example is left after tokenization: every example was longer than --max-length {cfg.max_length} before its completion started (or was empty); raise --max-length")
+        raise DataError(
+            "no training example is left after tokenization: every example was "
+            f"longer than --max-length {cfg.max_length} before its completion "
+            "started (or was empty); raise --max-length"
+        )
     return trainer
 
 

@@ -45,8 +45,12 @@ def build_tokenizer(texts=CORPUS, vocab_size=320, specials=None, **tokens):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(list(texts) * 20, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, **tokens)
 
@@ -99,7 +103,9 @@ def write_jsonl(path, rows):
 
 @pytest.fixture
 def alpaca_file(tmp_path):
-    rows = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(32)]
+    rows = [
+        {"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(32)
+    ]
     p = tmp_path / "alpaca.json"
     p.write_text(json.dumps(rows))
     return p

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 SHARED = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data",) if p.is_dir()), None)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -33,7 +32,9 @@ def make_tokenizer():
 
     global _TOKENIZER
     if _TOKENIZER is None:
-        _TOKENIZER = build_tokenizer(DATA_CORPUS, 400, specials=["<|endoftext|>", "<pad>"], eos_token="<|endoftext|>", pad_token="<pad>")
+        _TOKENIZER = build_tokenizer(
+            DATA_CORPUS, 400, specials=["<|endoftext|>", "<pad>"], eos_token="<|endoftext|>", pad_token="<pad>"
+        )
     return copy.deepcopy(_TOKENIZER)
 
 
@@ -134,4 +135,3 @@ SHAREGPT_PREF = [
         "rejected": {"from": "gpt", "value": "No."},
     },
 ]
-

@@ -1,8 +1,6 @@
 """LLRD on tiny random-init models of many families: every parameter's LR is checked against a scale derived
 independently from its name (block index regex + per-family embedding prefixes; everything else is head)."""
 
-
-
 import functools
 import re
 from types import SimpleNamespace
@@ -16,8 +14,18 @@ from posttrainllm.llrd import TIED_POLICIES, BlockStructureError, build_param_gr
 BASE, GAMMA, N = 1e-3, 0.8, 3
 BLOCK_RE = re.compile(r"(?:layers|h|layer)\.(\d+)\.")
 LLAMA_EMB = ("model.embed_tokens.",)
-_DECODER = dict(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=N, num_attention_heads=2,
-                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_DECODER = dict(
+    vocab_size=100,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=N,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 # family -> (config kwargs, embedding-name prefixes, model kind)
 FAMILIES = {
@@ -27,27 +35,74 @@ FAMILIES = {
     "mistral": (_DECODER, LLAMA_EMB, "causal"),
     "gemma2": ({**_DECODER, "head_dim": 8, "tie_word_embeddings": True}, LLAMA_EMB, "causal"),
     "phi3": (_DECODER, LLAMA_EMB, "causal"),
-    "gpt2": (dict(vocab_size=100, n_embd=16, n_layer=N, n_head=2, n_positions=64),
-             ("transformer.wte.", "transformer.wpe."), "causal"),
+    "gpt2": (
+        dict(vocab_size=100, n_embd=16, n_layer=N, n_head=2, n_positions=64),
+        ("transformer.wte.", "transformer.wpe."),
+        "causal",
+    ),
     "gpt_neox": (_DECODER, ("gpt_neox.embed_in.",), "causal"),
-    "opt": (dict(vocab_size=100, hidden_size=16, ffn_dim=32, num_hidden_layers=N, num_attention_heads=2,
-                 max_position_embeddings=64, word_embed_proj_dim=8, pad_token_id=0),
-            ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "model.decoder.project_in."), "causal"),
-    "falcon": (dict(vocab_size=100, hidden_size=16, num_hidden_layers=N, num_attention_heads=2),
-               ("transformer.word_embeddings.",), "causal"),
+    "opt": (
+        dict(
+            vocab_size=100,
+            hidden_size=16,
+            ffn_dim=32,
+            num_hidden_layers=N,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            word_embed_proj_dim=8,
+            pad_token_id=0,
+        ),
+        ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "model.decoder.project_in."),
+        "causal",
+    ),
+    "falcon": (
+        dict(vocab_size=100, hidden_size=16, num_hidden_layers=N, num_attention_heads=2),
+        ("transformer.word_embeddings.",),
+        "causal",
+    ),
     "olmo2": (_DECODER, LLAMA_EMB, "causal"),
     "mixtral": ({**_DECODER, "num_local_experts": 2, "num_experts_per_tok": 1}, LLAMA_EMB, "causal"),
-    "qwen2_moe": ({**_DECODER, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
-                   "shared_expert_intermediate_size": 16}, LLAMA_EMB, "causal"),
-    "bert": (dict(vocab_size=100, hidden_size=16, num_hidden_layers=N, num_attention_heads=2, intermediate_size=32,
-                  max_position_embeddings=64), ("bert.embeddings.",), "mlm"),
-    "vit": (dict(hidden_size=16, num_hidden_layers=N, num_attention_heads=2, intermediate_size=32, image_size=8,
-                 patch_size=4, num_labels=3), ("vit.embeddings.",), "image"),
+    "qwen2_moe": (
+        {
+            **_DECODER,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 16,
+        },
+        LLAMA_EMB,
+        "causal",
+    ),
+    "bert": (
+        dict(
+            vocab_size=100,
+            hidden_size=16,
+            num_hidden_layers=N,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=64,
+        ),
+        ("bert.embeddings.",),
+        "mlm",
+    ),
+    "vit": (
+        dict(
+            hidden_size=16,
+            num_hidden_layers=N,
+            num_attention_heads=2,
+            intermediate_size=32,
+            image_size=8,
+            patch_size=4,
+            num_labels=3,
+        ),
+        ("vit.embeddings.",),
+        "image",
+    ),
 }
 TIED_BY_DEFAULT = {"gpt2", "gemma2", "opt", "falcon", "bert"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make(family):
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForMaskedLM
@@ -193,8 +248,15 @@ def _hf_swin():
     from transformers import SwinConfig, SwinForImageClassification
 
     torch.manual_seed(0)
-    cfg = SwinConfig(image_size=32, patch_size=4, embed_dim=8, depths=[2, 2, 4, 2], num_heads=[1, 1, 2, 2],
-                     window_size=2, num_labels=3)
+    cfg = SwinConfig(
+        image_size=32,
+        patch_size=4,
+        embed_dim=8,
+        depths=[2, 2, 4, 2],
+        num_heads=[1, 1, 2, 2],
+        window_size=2,
+        num_labels=3,
+    )
     return SwinForImageClassification(cfg), "swin.encoder.layers", "blocks", "downsample"
 
 
@@ -231,7 +293,9 @@ def _stage_blocks(name, stage_list, block_list, extra):
     return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
 
 
-@pytest.mark.parametrize("build", [_hf_convnext, _hf_swin, lambda: (TimmLikeConvNeXt(), "stages", "blocks", "downsample")])
+@pytest.mark.parametrize(
+    "build", [_hf_convnext, _hf_swin, lambda: (TimmLikeConvNeXt(), "stages", "blocks", "downsample")]
+)
 def test_hierarchical_models_get_depth_over_the_concatenated_stage_blocks(build):
     model, stage_list, block_list, extra = build()
     stages = dict(model.named_modules())[stage_list]

@@ -23,7 +23,10 @@ def test_help_lists_the_four_training_commands():
 @pytest.mark.parametrize("cmd", ["sft", "dpo", "finetune"])
 @pytest.mark.parametrize("bad", ["0.49", "1.2", "nan", "inf", "-inf", "-1", "0", "abc", "", "1e400"])
 def test_llrd_out_of_range_exits_2_naming_the_range(cmd, bad, tmp_path):
-    r = runner.invoke(app, [cmd, "--model", str(tmp_path), "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--llrd", bad])
+    r = runner.invoke(
+        app,
+        [cmd, "--model", str(tmp_path), "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--llrd", bad],
+    )
     assert r.exit_code == 2, r.output
     assert "[0.5, 1.0]" in r.output
     assert "Traceback" not in r.output
@@ -32,7 +35,9 @@ def test_llrd_out_of_range_exits_2_naming_the_range(cmd, bad, tmp_path):
 
 @pytest.mark.parametrize("bad", ["0.3", "2", "nan"])
 def test_pretrain_lr_layer_decay_range(bad, tmp_path):
-    r = runner.invoke(app, ["pretrain", "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--lr-layer-decay", bad])
+    r = runner.invoke(
+        app, ["pretrain", "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--lr-layer-decay", bad]
+    )
     assert r.exit_code == 2
     assert "[0.5, 1.0]" in r.output
 
@@ -41,15 +46,18 @@ def test_llrd_absent_is_flat():
     assert resolve("sft", {"model": "m", "dataset": "x/y", "output_dir": "o"}).llrd == 1.0
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["--llrd"], 0.95),
-    (["--llrd", "--lr", "1e-3"], 0.95),
-    (["--lr", "1e-3", "--llrd"], 0.95),
-    (["--llrd", "0.8"], 0.8),
-    (["--llrd=0.7"], 0.7),
-    (["--llrd", "0.5"], 0.5),
-    (["--llrd", "1.0"], 1.0),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--llrd"], 0.95),
+        (["--llrd", "--lr", "1e-3"], 0.95),
+        (["--lr", "1e-3", "--llrd"], 0.95),
+        (["--llrd", "0.8"], 0.8),
+        (["--llrd=0.7"], 0.7),
+        (["--llrd", "0.5"], 0.5),
+        (["--llrd", "1.0"], 1.0),
+    ],
+)
 def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
     seen = {}
     import posttrainllm.run as run
@@ -61,26 +69,48 @@ def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
 
 
 def test_all_problems_reported_at_once():
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", "o", "--llrd", "2", "--lr", "-1", "--batch-size", "0", "--max-length", "x"])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            "org/m",
+            "--dataset",
+            "org/d",
+            "--output-dir",
+            "o",
+            "--llrd",
+            "2",
+            "--lr",
+            "-1",
+            "--batch-size",
+            "0",
+            "--max-length",
+            "x",
+        ],
+    )
     assert r.exit_code == 2
     for fragment in ("--llrd", "--lr", "--batch-size", "--max-length", "4 problems"):
         assert fragment in r.output
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--lr", "0"], "--lr must be > 0"),
-    (["--lr", "nan"], "--lr must be a finite number"),
-    (["--lr", "inf"], "--lr must be a finite number"),
-    (["--max-steps", "0"], "--max-steps"),
-    (["--max-steps", "-5"], "--max-steps"),
-    (["--batch-size", "-1"], "--batch-size"),
-    (["--max-length", "0"], "--max-length"),
-    (["--epochs", "0"], "--epochs"),
-    (["--grad-accum", "0"], "--grad-accum"),
-    (["--lr-scheduler", "bogus"], "--lr-scheduler"),
-    (["--tied-embeddings", "middle"], "--tied-embeddings"),
-    (["--eval-split", "1.5"], "--eval-split"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--lr", "0"], "--lr must be > 0"),
+        (["--lr", "nan"], "--lr must be a finite number"),
+        (["--lr", "inf"], "--lr must be a finite number"),
+        (["--max-steps", "0"], "--max-steps"),
+        (["--max-steps", "-5"], "--max-steps"),
+        (["--batch-size", "-1"], "--batch-size"),
+        (["--max-length", "0"], "--max-length"),
+        (["--epochs", "0"], "--epochs"),
+        (["--grad-accum", "0"], "--grad-accum"),
+        (["--lr-scheduler", "bogus"], "--lr-scheduler"),
+        (["--tied-embeddings", "middle"], "--tied-embeddings"),
+        (["--eval-split", "1.5"], "--eval-split"),
+    ],
+)
 def test_bad_values_exit_2_with_the_option_named(args, fragment):
     r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", "o", *args])
     assert r.exit_code == 2, r.output
@@ -93,12 +123,15 @@ def test_missing_required_options_are_listed():
     assert "--model" in r.output and "--dataset" in r.output
 
 
-@pytest.mark.parametrize("command,values,expected", [
-    ("sft", {"model": "Qwen/Qwen2.5-0.5B", "dataset": "org/d"}, "runs/sft-Qwen2.5-0.5B"),
-    ("dpo", {"model": "models/tiny/", "dataset": "org/d"}, "runs/dpo-tiny"),
-    ("pretrain", {"dataset": "models/corpus.txt"}, "runs/pretrain-corpus"),
-    ("sft", {"model": "org/m", "dataset": "org/d", "output_dir": "mine"}, "mine"),
-])
+@pytest.mark.parametrize(
+    "command,values,expected",
+    [
+        ("sft", {"model": "Qwen/Qwen2.5-0.5B", "dataset": "org/d"}, "runs/sft-Qwen2.5-0.5B"),
+        ("dpo", {"model": "models/tiny/", "dataset": "org/d"}, "runs/dpo-tiny"),
+        ("pretrain", {"dataset": "models/corpus.txt"}, "runs/pretrain-corpus"),
+        ("sft", {"model": "org/m", "dataset": "org/d", "output_dir": "mine"}, "mine"),
+    ],
+)
 def test_output_dir_defaults_to_runs_command_name(command, values, expected, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "tiny").mkdir(parents=True)
@@ -112,7 +145,9 @@ def test_unknown_option_exits_2():
 
 
 def test_missing_local_dataset_is_a_usage_error(tmp_path):
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", str(tmp_path / "nope.jsonl"), "--output-dir", str(tmp_path / "o")])
+    r = runner.invoke(
+        app, ["sft", "--model", "org/m", "--dataset", str(tmp_path / "nope.jsonl"), "--output-dir", str(tmp_path / "o")]
+    )
     assert r.exit_code == 2
     assert "nope.jsonl" in r.output and "does not exist" in r.output
 

@@ -5,11 +5,11 @@ architecture exits 1 explaining how to point the tool at its block list."""
 import json
 
 import pytest
+from conftest import build_tokenizer
+from test_architectures import BASE, FAMILIES, GAMMA, N, expected_scale
 from typer.testing import CliRunner
 
-from conftest import build_tokenizer
 from posttrainllm.cli import app
-from test_architectures import BASE, FAMILIES, GAMMA, N, expected_scale
 
 runner = CliRunner()
 CAUSAL = [f for f, (_, _, kind) in FAMILIES.items() if kind == "causal"]
@@ -25,8 +25,16 @@ def save_family(family, tokenizer, path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs, _, _ = FAMILIES[family]
-    cfg = AutoConfig.for_model(family, **{**kwargs, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-                                         "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id})
+    cfg = AutoConfig.for_model(
+        family,
+        **{
+            **kwargs,
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(path)
@@ -35,7 +43,26 @@ def save_family(family, tokenizer, path):
 
 
 def dry_run(model_dir, data, out, *extra):
-    r = runner.invoke(app, ["sft", "--model", str(model_dir), "--dataset", str(data), "--output-dir", str(out), "--llrd", "0.8", "--lr", str(BASE), "--dry-run", "--max-length", "256", *extra])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(model_dir),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--llrd",
+            "0.8",
+            "--lr",
+            str(BASE),
+            "--dry-run",
+            "--max-length",
+            "256",
+            *extra,
+        ],
+    )
     return r
 
 
@@ -56,7 +83,10 @@ def test_dry_run_param_groups_follow_the_formula(family, tokenizer, alpaca_file,
     prefixes = FAMILIES[family][1]
     for g in groups:
         for name in g["params"]:
-            assert g["lr"] == pytest.approx(BASE * expected_scale(name, prefixes, tied, "head"), rel=1e-9), (family, name)
+            assert g["lr"] == pytest.approx(BASE * expected_scale(name, prefixes, tied, "head"), rel=1e-9), (
+                family,
+                name,
+            )
     assert f"block_0 LR={BASE * GAMMA ** (N - 1):.2g}".replace("0.00064", "6.4e-04") in r.output
 
 
@@ -74,7 +104,7 @@ def test_lora_adapters_train_at_their_block_lr(tokenizer, alpaca_file, tmp_path)
             assert g["lr"] == pytest.approx(BASE * GAMMA ** (N - 1 - block))
 
 
-MODELING = '''
+MODELING = """
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
@@ -94,7 +124,8 @@ class OddForCausalLM(PreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.emb = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.stages = nn.ModuleDict({f"s{i}": nn.Linear(config.hidden_size, config.hidden_size) for i in range(config.num_hidden_layers)})
+        width = config.hidden_size
+        self.stages = nn.ModuleDict({f"s{i}": nn.Linear(width, width) for i in range(config.num_hidden_layers)})
         self.out = nn.Linear(config.hidden_size, config.vocab_size)
         self.post_init()
 
@@ -103,7 +134,7 @@ class OddForCausalLM(PreTrainedModel):
         for s in self.stages.values():
             h = torch.tanh(s(h))
         return {"logits": self.out(h)}
-'''
+"""
 
 
 def test_unknown_architecture_exits_1_with_how_to_fix(tokenizer, alpaca_file, tmp_path):
@@ -121,15 +152,42 @@ def test_unknown_architecture_exits_1_with_how_to_fix(tokenizer, alpaca_file, tm
     finally:
         sys.path.remove(str(d))
     tokenizer.save_pretrained(d)
-    (d / "config.json").write_text(json.dumps({"model_type": "odd", "vocab_size": len(tokenizer), "hidden_size": 16, "num_hidden_layers": 3,
-                                               "architectures": ["OddForCausalLM"],
-                                               "auto_map": {"AutoConfig": "configuration_odd.OddConfig", "AutoModelForCausalLM": "modeling_odd.OddForCausalLM"}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "odd",
+                "vocab_size": len(tokenizer),
+                "hidden_size": 16,
+                "num_hidden_layers": 3,
+                "architectures": ["OddForCausalLM"],
+                "auto_map": {
+                    "AutoConfig": "configuration_odd.OddConfig",
+                    "AutoModelForCausalLM": "modeling_odd.OddForCausalLM",
+                },
+            }
+        )
+    )
     r = dry_run(d, alpaca_file, tmp_path / "o", "--trust-remote-code")
     assert r.exit_code == 1, r.output
     assert "--llrd-blocks" in r.output and "emb.weight" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o" / "param_groups.json").exists()
     # without layer decay the structure does not matter: flat groups, exit 0
-    r = runner.invoke(app, ["sft", "--model", str(d), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "flat"), "--dry-run", "--trust-remote-code", "--max-length", "256"])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(d),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(tmp_path / "flat"),
+            "--dry-run",
+            "--trust-remote-code",
+            "--max-length",
+            "256",
+        ],
+    )
     assert r.exit_code == 0, r.output
 
 
@@ -137,7 +195,17 @@ def test_remote_code_is_refused_without_the_flag(tokenizer, alpaca_file, tmp_pat
     d = tmp_path / "odd"
     d.mkdir()
     (d / "modeling_odd.py").write_text(MODELING)
-    (d / "config.json").write_text(json.dumps({"model_type": "odd", "auto_map": {"AutoConfig": "modeling_odd.OddConfig", "AutoModelForCausalLM": "modeling_odd.OddForCausalLM"}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "odd",
+                "auto_map": {
+                    "AutoConfig": "modeling_odd.OddConfig",
+                    "AutoModelForCausalLM": "modeling_odd.OddForCausalLM",
+                },
+            }
+        )
+    )
     (d / "model.safetensors").write_bytes(b"")
     tokenizer.save_pretrained(d)
     r = dry_run(d, alpaca_file, tmp_path / "o")
@@ -150,9 +218,27 @@ def test_max_length_beyond_learned_positions_is_clamped(tokenizer, alpaca_file, 
     """gpt2 has learned position embeddings (here 64): the default --max-length 512 would crash; it is clamped."""
     save_family("gpt2", tokenizer, tmp_path / "m")
     data = tmp_path / "pc.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"add {i} and 1", "completion": f" {i + 1}"}) + "\n" for i in range(8)))
-    r = runner.invoke(app, ["sft", "--model", str(tmp_path / "m"), "--dataset", str(data), "--output-dir", str(tmp_path / "o"),
-                            "--max-steps", "1", "--batch-size", "2", "--llrd", "0.8"])
+    data.write_text(
+        "".join(json.dumps({"prompt": f"add {i} and 1", "completion": f" {i + 1}"}) + "\n" for i in range(8))
+    )
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(tmp_path / "m"),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--llrd",
+            "0.8",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "max length 64" in r.output and "is more than the model's" not in r.output  # the default: no note
     assert "IndexError" not in r.output and "index out of range" not in r.output

@@ -4,14 +4,23 @@ errors naming the record, the chat template."""
 from __future__ import annotations
 
 import pytest
-
 from data_samples import (  # noqa: F401 - fixtures and samples
-    ALPACA, MESSAGES, PREF_MSGS, PREF_STR, PROMPT_COMPLETION, PROMPT_COMPLETION_MSGS, SHARED, SHAREGPT, SHAREGPT_PREF,
-    make_tokenizer, write_json, write_jsonl,
+    ALPACA,
+    MESSAGES,
+    PREF_MSGS,
+    PREF_STR,
+    PROMPT_COMPLETION,
+    PROMPT_COMPLETION_MSGS,
+    SHARED,
+    SHAREGPT,
+    SHAREGPT_PREF,
+    make_tokenizer,
+    write_json,
+    write_jsonl,
 )
+
 from posttrainllm import data as D
 from posttrainllm.errors import DataError, UsageError
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading and SFT conversion
@@ -155,7 +164,6 @@ def test_alpaca_real_file(tokenizer):
     assert D.describe(prep) == "alpaca_en_demo.json · alpaca → prompt/completion · 899 train / 100 eval"
 
 
-
 def test_unknown_columns_lists_formats(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "data.jsonl", [{"question": "why?"}, {"question": "how?"}])
     with pytest.raises(DataError) as err:
@@ -166,7 +174,6 @@ def test_unknown_columns_lists_formats(tmp_path, tokenizer):
         assert fmt in msg
     with pytest.raises(DataError, match=r"preference.*sharegpt_preference"):
         D.prepare_dpo(str(path), tokenizer)
-
 
 
 def test_wrong_shape_for_command(tmp_path, tokenizer):
@@ -207,7 +214,6 @@ def test_bad_arguments(tmp_path, tokenizer):
         D.detect_format(ALPACA, "rlhf")
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # Chat template
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,17 +250,24 @@ def test_existing_chat_template_is_kept(tmp_path, tokenizer):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt,records", [
-    ("alpaca", ALPACA + [{"instruction": "Be brief.", "input": "  ", "output": ""}]),
-    ("alpaca", [dict(r, system=s) for r, s in zip(ALPACA, ["You are terse.", "", None, "  Be kind. "])]),
-    ("messages", MESSAGES + [{"messages": [{"role": "User", "content": "hi"},
-                                           {"role": "Assistant", "content": None}]}]),
-    ("messages", [{"messages": [dict(m, name="x") for m in r["messages"]]} for r in MESSAGES]),
-    ("sharegpt", SHAREGPT + [{"conversations": [{"from": "human", "value": "only a question"}]}]),
-    ("prompt_completion", PROMPT_COMPLETION + [{"prompt": None, "completion": " x"},
-                                                {"prompt": "p", "completion": " "}]),
-    ("text", [{"text": "one"}, {"text": "  "}, {"text": "two\nlines"}]),
-])
+@pytest.mark.parametrize(
+    "fmt,records",
+    [
+        ("alpaca", ALPACA + [{"instruction": "Be brief.", "input": "  ", "output": ""}]),
+        ("alpaca", [dict(r, system=s) for r, s in zip(ALPACA, ["You are terse.", "", None, "  Be kind. "])]),
+        (
+            "messages",
+            MESSAGES + [{"messages": [{"role": "User", "content": "hi"}, {"role": "Assistant", "content": None}]}],
+        ),
+        ("messages", [{"messages": [dict(m, name="x") for m in r["messages"]]} for r in MESSAGES]),
+        ("sharegpt", SHAREGPT + [{"conversations": [{"from": "human", "value": "only a question"}]}]),
+        (
+            "prompt_completion",
+            PROMPT_COMPLETION + [{"prompt": None, "completion": " x"}, {"prompt": "p", "completion": " "}],
+        ),
+        ("text", [{"text": "one"}, {"text": "  "}, {"text": "two\nlines"}]),
+    ],
+)
 def test_arrow_fast_paths_give_the_reference_rows(fmt, records):
     import pyarrow as pa
 
@@ -329,8 +342,13 @@ def test_conversations_whose_prompt_fills_max_length_are_dropped(tmp_path, token
     long_question = "What color is the sky over the quick brown fox? " * 6
     rows = MESSAGES + [
         {"messages": [{"role": "user", "content": long_question}, {"role": "assistant", "content": "Blue."}]},
-        {"messages": [{"role": "system", "content": long_question}, {"role": "user", "content": "?"},
-                      {"role": "assistant", "content": "Blue."}]},
+        {
+            "messages": [
+                {"role": "system", "content": long_question},
+                {"role": "user", "content": "?"},
+                {"role": "assistant", "content": "Blue."},
+            ]
+        },
     ]
     path = str(write_jsonl(tmp_path / "m.jsonl", rows))
     max_length = 64  # the sample conversations' prompt parts have 24-54 tokens, the long ones over 100
@@ -347,10 +365,12 @@ def test_conversations_whose_prompt_fills_max_length_are_dropped(tmp_path, token
     assert D.prepare_sft(path, tokenizer).n_train == len(rows)
     assert D.prepare_sft(path, tokenizer, max_length=4096).n_train == len(rows)
     # conversational prompt/completion rows: the prompt part is the prompt, with the generation prompt
-    pc = [{"prompt": [{"role": "user", "content": long_question}],
-           "completion": [{"role": "assistant", "content": "x"}]}]
-    prep = D.prepare_sft(str(write_jsonl(tmp_path / "pc.jsonl", PROMPT_COMPLETION_MSGS + pc)), make_tokenizer(),
-                         max_length=max_length)
+    pc = [
+        {"prompt": [{"role": "user", "content": long_question}], "completion": [{"role": "assistant", "content": "x"}]}
+    ]
+    prep = D.prepare_sft(
+        str(write_jsonl(tmp_path / "pc.jsonl", PROMPT_COMPLETION_MSGS + pc)), make_tokenizer(), max_length=max_length
+    )
     assert prep.dropped == {"prompt fills --max-length": 1} and prep.n_train == len(PROMPT_COMPLETION_MSGS)
 
 
@@ -370,15 +390,43 @@ def test_cli_banner_counts_dropped_rows_and_exits_1_when_none_is_left(tiny_model
     from posttrainllm.cli import app
 
     runner = CliRunner()
-    rows = [{"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"{i}" if i % 3 == 0 else f"no {i}"}
-            for i in range(9)]
+    rows = [
+        {"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"{i}" if i % 3 == 0 else f"no {i}"} for i in range(9)
+    ]
     data = write_jsonl(tmp_path / "prefs.jsonl", rows)
-    r = runner.invoke(app, ["dpo", "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir",
-                            str(tmp_path / "o"), "--dry-run", "--max-length", "64"])
+    r = runner.invoke(
+        app,
+        [
+            "dpo",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--dry-run",
+            "--max-length",
+            "64",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "6 train" in r.output and "dropped 3 degenerate rows (3 chosen = rejected)" in " ".join(r.output.split())
     same = write_jsonl(tmp_path / "same.jsonl", [dict(row, rejected=row["chosen"]) for row in rows])
-    r = runner.invoke(app, ["dpo", "--model", str(tiny_model_dir), "--dataset", str(same), "--output-dir",
-                            str(tmp_path / "o2"), "--max-steps", "1", "--max-length", "64"])
+    r = runner.invoke(
+        app,
+        [
+            "dpo",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(same),
+            "--output-dir",
+            str(tmp_path / "o2"),
+            "--max-steps",
+            "1",
+            "--max-length",
+            "64",
+        ],
+    )
     assert r.exit_code == 1 and "nothing left to train on" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o2" / "model.safetensors").exists()

@@ -7,28 +7,39 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from data_samples import make_tokenizer, write_json, write_jsonl
+
 from posttrainllm import data as D
 from posttrainllm.errors import DataError
 
 CONVERSATIONS = [
-    {"messages": [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "What color is the sky?"},
-        {"role": "assistant", "content": "It is blue."},
-        {"role": "user", "content": "And grass?"},
-        {"role": "assistant", "content": "Green, mostly."},
-    ]},
-    {"messages": [
-        {"role": "user", "content": "Say hi."},
-        {"role": "assistant", "content": "Hi there!"},
-    ]},
+    {
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What color is the sky?"},
+            {"role": "assistant", "content": "It is blue."},
+            {"role": "user", "content": "And grass?"},
+            {"role": "assistant", "content": "Green, mostly."},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi there!"},
+        ]
+    },
 ]
-SHAREGPT = [{"system": "Be kind.", "conversations": [
-    {"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "An apple."},
-    {"from": "human", "value": "Another?"}, {"from": "gpt", "value": "A pear."},
-]}]
+SHAREGPT = [
+    {
+        "system": "Be kind.",
+        "conversations": [
+            {"from": "human", "value": "Name a fruit."},
+            {"from": "gpt", "value": "An apple."},
+            {"from": "human", "value": "Another?"},
+            {"from": "gpt", "value": "A pear."},
+        ],
+    }
+]
 
 # A Llama-3-like template without {% generation %} markers: header tokens per turn, <|eot_id|> closes a turn.
 NO_MARKERS = (
@@ -75,10 +86,25 @@ def labels_through_trl(tokenizer, prepared, loss):
     from trl import SFTConfig, SFTTrainer
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
-    conf = SFTConfig(output_dir="unused", max_length=512, report_to=[], use_cpu=True, bf16=False,
-                     assistant_only_loss=loss.assistant_only_loss, dataset_num_proc=None)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
+    conf = SFTConfig(
+        output_dir="unused",
+        max_length=512,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        assistant_only_loss=loss.assistant_only_loss,
+        dataset_num_proc=None,
+    )
     trainer = SFTTrainer(model=model, args=conf, train_dataset=prepared.train, processing_class=tokenizer)
     return [(row["input_ids"], row["labels"]) for row in trainer.train_dataset]
 
@@ -143,17 +169,22 @@ def test_train_on_prompt_keeps_whole_conversations(tmp_path, tok):
 
 
 def test_conversational_prompt_completion_trains_the_completion_only(tmp_path, tok):
-    rows = [{"prompt": [{"role": "user", "content": "Say hi."}], "completion": [{"role": "assistant", "content": "Hi there!"}]}]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "Say hi."}],
+            "completion": [{"role": "assistant", "content": "Hi there!"}],
+        }
+    ]
     prep = D.prepare_sft(str(write_jsonl(tmp_path / "pc.jsonl", rows)), tok)
     loss = D.apply_loss_mask(prep, tok)
     assert loss.description.startswith("completions (")
-    (ids, labels), = labels_through_trl(tok, prep, loss)
+    ((ids, labels),) = labels_through_trl(tok, prep, loss)
     prompt = tok.apply_chat_template(rows[0]["prompt"], tokenize=False, add_generation_prompt=True)
     n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
     assert all(label == -100 for label in labels[:n_prompt])  # the prompt (system/user turns, header) is masked
     assert labels[n_prompt:] == ids[n_prompt:]  # the assistant's completion is trained
     _, want_mask = expected_mask(tok, rows[0]["prompt"] + rows[0]["completion"], "<|im_end|>" + tok.eos_token)
-    assert all(want_mask[n_prompt:len(want_mask) - 1])
+    assert all(want_mask[n_prompt : len(want_mask) - 1])
 
 
 def test_replay_rows_keep_their_whole_text_trained(tmp_path, tok):
@@ -168,8 +199,8 @@ def test_replay_rows_keep_their_whole_text_trained(tmp_path, tok):
     assert replay
     for r in replay:
         content_ids = tok("the quick brown fox", add_special_tokens=False)["input_ids"]
-        first = next(i for i in range(len(r["input_ids"])) if r["input_ids"][i:i + len(content_ids)] == content_ids)
-        assert all(r["assistant_masks"][first:len(r["input_ids"]) - 1])  # the replayed text is trained
+        first = next(i for i in range(len(r["input_ids"])) if r["input_ids"][i : i + len(content_ids)] == content_ids)
+        assert all(r["assistant_masks"][first : len(r["input_ids"]) - 1])  # the replayed text is trained
 
 
 def test_dpo_prompts_stay_out_of_the_loss_through_trls_own_handling(tmp_path, tok):
@@ -178,17 +209,33 @@ def test_dpo_prompts_stay_out_of_the_loss_through_trls_own_handling(tmp_path, to
     from transformers import LlamaConfig, LlamaForCausalLM
     from trl import DPOConfig, DPOTrainer
 
-    rows = [{"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Name a fruit."}],
-             "chosen": [{"role": "assistant", "content": "An apple."}],
-             "rejected": [{"role": "assistant", "content": "A rock."}]}] * 2
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Name a fruit."}],
+            "chosen": [{"role": "assistant", "content": "An apple."}],
+            "rejected": [{"role": "assistant", "content": "A rock."}],
+        }
+    ] * 2
     prep = D.prepare_dpo(str(write_jsonl(tmp_path / "p.jsonl", rows)), tok)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
-    conf = DPOConfig(output_dir="unused", report_to=[], use_cpu=True, bf16=False, max_length=256, per_device_train_batch_size=2)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
+    conf = DPOConfig(
+        output_dir="unused", report_to=[], use_cpu=True, bf16=False, max_length=256, per_device_train_batch_size=2
+    )
     import copy
 
-    trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=conf, train_dataset=prep.train, processing_class=tok)
+    trainer = DPOTrainer(
+        model=model, ref_model=copy.deepcopy(model), args=conf, train_dataset=prep.train, processing_class=tok
+    )
     batch = trainer.data_collator([trainer.train_dataset[0], trainer.train_dataset[1]])
     prompt_text = tok.apply_chat_template(rows[0]["prompt"], tokenize=False, add_generation_prompt=True)
     n_prompt = len(tok(prompt_text, add_special_tokens=False)["input_ids"])
@@ -207,18 +254,46 @@ def test_the_model_learns_the_assistants_words_not_the_users(tiny_model_dir, tmp
 
     phrase = "the violet kettle hums over the quiet harbour"
     answers = ["ok", "yes", "sure", "noted", "fine", "done", "right", "good"]
-    rows = [{"messages": [{"role": "user", "content": f"{phrase} {i}"}, {"role": "assistant", "content": answers[i % 8]},
-                          {"role": "user", "content": f"again {phrase}"}, {"role": "assistant", "content": answers[(i + 3) % 8]}]}
-            for i in range(64)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"{phrase} {i}"},
+                {"role": "assistant", "content": answers[i % 8]},
+                {"role": "user", "content": f"again {phrase}"},
+                {"role": "assistant", "content": answers[(i + 3) % 8]},
+            ]
+        }
+        for i in range(64)
+    ]
     data = write_jsonl(tmp_path / "chat.jsonl", rows)
     probe = tmp_path / "phrase.txt"
     probe.write_text((phrase + "\n") * 30)
     change = {}
     for name, extra in (("default", []), ("train_on_prompt", ["--train-on-prompt"])):
         out = tmp_path / name
-        r = CliRunner().invoke(app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(out),
-                                     "--max-steps", "30", "--batch-size", "8", "--max-length", "128", "--lr", "3e-3",
-                                     "--ood-eval", str(probe), *extra])
+        r = CliRunner().invoke(
+            app,
+            [
+                "sft",
+                "--model",
+                str(tiny_model_dir),
+                "--dataset",
+                str(data),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "30",
+                "--batch-size",
+                "8",
+                "--max-length",
+                "128",
+                "--lr",
+                "3e-3",
+                "--ood-eval",
+                str(probe),
+                *extra,
+            ],
+        )
         assert r.exit_code == 0, r.output
         assert ("assistant turns (" in r.output) == (name == "default")
         change[name] = json.loads((out / "eval_results.json").read_text())["ood"]["phrase.txt"]["change_pct"]

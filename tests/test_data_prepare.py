@@ -5,14 +5,23 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from data_samples import (  # noqa: F401 - fixtures and samples
-    ALPACA, MESSAGES, PREF_MSGS, PREF_STR, PROMPT_COMPLETION, PROMPT_COMPLETION_MSGS, SHARED, SHAREGPT, SHAREGPT_PREF,
-    make_tokenizer, write_json, write_jsonl,
+    ALPACA,
+    MESSAGES,
+    PREF_MSGS,
+    PREF_STR,
+    PROMPT_COMPLETION,
+    PROMPT_COMPLETION_MSGS,
+    SHARED,
+    SHAREGPT,
+    SHAREGPT_PREF,
+    make_tokenizer,
+    write_json,
+    write_jsonl,
 )
+
 from posttrainllm import data as D
 from posttrainllm.errors import DataError
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Splits, eval source, max_samples, describe
@@ -54,7 +63,6 @@ def test_eval_source_and_max_samples(tmp_path, tokenizer):
 def test_describe_without_eval(tmp_path, tokenizer):
     prep = D.prepare_sft(str(write_json(tmp_path / "sg.json", SHAREGPT)), tokenizer)
     assert D.describe(prep) == "sg.json · sharegpt → messages · 2 train, no eval"
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,8 +124,10 @@ def _reference_blocks(tokenizer, docs, max_length):
 def test_blocks_are_consecutive_across_batches_and_document_pieces(tmp_path, tokenizer, monkeypatch):
     from posttrainllm.data import reading, text
 
-    docs = [f"Hello world {i}. " * (1 + i % 9) + "The quick brown fox\njumps over the lazy dog.\n" * (i % 4)
-            for i in range(120)]
+    docs = [
+        f"Hello world {i}. " * (1 + i % 9) + "The quick brown fox\njumps over the lazy dog.\n" * (i % 4)
+        for i in range(120)
+    ]
     path = str(write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs]))
     monkeypatch.setattr(text, "BLOCK_BATCH_TOKENS", 50)  # many grouping batches: the remainder is carried over
     monkeypatch.setattr(reading, "TXT_PIECE_BYTES", 60)  # long documents are cut into pieces before tokenizing
@@ -158,8 +168,10 @@ def test_streaming_sft_gives_the_same_rows_with_eval_from_the_head(tmp_path, tok
     split = D.prepare_sft(path, make_tokenizer(), streaming=True, eval_split=0.2, stream_rows=16)
     assert split.n_eval == 4 and split.eval.to_list() == full.train.to_list()[:4]
     assert _multiset(split.train) == _multiset(full.train.to_list()[4:])
-    assert D.describe(split) == ("m.jsonl · messages → messages · streamed, first 4 rows held out for eval"
-                                 " · degenerate rows dropped as they stream")
+    assert D.describe(split) == (
+        "m.jsonl · messages → messages · streamed, first 4 rows held out for eval"
+        " · degenerate rows dropped as they stream"
+    )
     # --max-samples counts records of the stream; --eval-dataset is read as a dataset
     capped = D.prepare_sft(path, make_tokenizer(), streaming=True, max_samples=3, eval_source=path)
     assert len(list(capped.train)) == 3 and capped.n_eval == full.n_train
@@ -177,8 +189,9 @@ def test_streaming_text_gives_the_same_blocks(tmp_path, tokenizer, suffix):
     stream = D.prepare_text(str(path), tokenizer, max_length=16, streaming=True, eval_split=0.1, stream_rows=90)
     assert stream.n_eval == 10 and stream.eval["input_ids"] == full.train["input_ids"][:10]
     assert _multiset(stream.train) == _multiset(full.train.to_list()[10:])
-    assert D.describe(stream) == (f"corpus{suffix} · text → 16-token blocks · streamed, "
-                                  "first 10 blocks held out for eval")
+    assert D.describe(stream) == (
+        f"corpus{suffix} · text → 16-token blocks · streamed, first 10 blocks held out for eval"
+    )
 
 
 @pytest.mark.smoke
@@ -189,10 +202,28 @@ def test_cli_streaming_trains_with_eval_and_replay(command, tiny_model_dir, alpa
     from posttrainllm.cli import app
 
     data = alpaca_file if command == "sft" else text_file
-    args = [command, "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(tmp_path / "o"),
-            "--streaming", "--batch-size", "2", "--max-length", "256" if command == "sft" else "64",
-            "--eval-split", "0.2", "--replay-dataset",
-            str(text_file), "--replay-ratio", "0.25", "--dataset-num-proc", "2"]
+    args = [
+        command,
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(data),
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--streaming",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "256" if command == "sft" else "64",
+        "--eval-split",
+        "0.2",
+        "--replay-dataset",
+        str(text_file),
+        "--replay-ratio",
+        "0.25",
+        "--dataset-num-proc",
+        "2",
+    ]
     runner = CliRunner()
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "--streaming needs --max-steps" in r.output

@@ -7,14 +7,23 @@ import subprocess
 import sys
 
 import pytest
-
 from data_samples import (  # noqa: F401 - fixtures and samples
-    ALPACA, MESSAGES, PREF_MSGS, PREF_STR, PROMPT_COMPLETION, PROMPT_COMPLETION_MSGS, SHARED, SHAREGPT, SHAREGPT_PREF,
-    make_tokenizer, write_json, write_jsonl,
+    ALPACA,
+    MESSAGES,
+    PREF_MSGS,
+    PREF_STR,
+    PROMPT_COMPLETION,
+    PROMPT_COMPLETION_MSGS,
+    SHARED,
+    SHAREGPT,
+    SHAREGPT_PREF,
+    make_tokenizer,
+    write_json,
+    write_jsonl,
 )
+
 from posttrainllm import data as D
 from posttrainllm.errors import DataError, PosttrainError, UsageError
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Module hygiene
@@ -51,9 +60,7 @@ def test_json_variants(tmp_path):
 
 def test_csv_alpaca(tmp_path, tokenizer):
     path = tmp_path / "a.csv"
-    path.write_text(
-        'instruction,input,output\n"Add 1 and 2.",,3\n"Reverse, please",abc,cba\n', encoding="utf-8"
-    )
+    path.write_text('instruction,input,output\n"Add 1 and 2.",,3\n"Reverse, please",abc,cba\n', encoding="utf-8")
     records = D.read_records(str(path))
     assert records == [
         {"instruction": "Add 1 and 2.", "input": "", "output": "3"},
@@ -108,8 +115,7 @@ def test_broken_json_names_line(tmp_path):
         D.read_records(str(path))
 
 
-
-@pytest.mark.parametrize("content", ["", "   \n", "[]", "{\"data\": []}"])
+@pytest.mark.parametrize("content", ["", "   \n", "[]", '{"data": []}'])
 def test_empty_files(tmp_path, content):
     path = tmp_path / "empty.json"
     path.write_text(content, encoding="utf-8")
@@ -179,8 +185,9 @@ def test_txt_is_read_in_pieces_cut_where_tokenization_does_not_change(tmp_path, 
     from posttrainllm.data import reading
     from posttrainllm.data.text import Tokenize
 
-    lines = [("    " * (i % 3)) + f"def f{i}(x):  # the quick brown fox\n" + ("\n" if i % 5 == 0 else "")
-             for i in range(300)]
+    lines = [
+        ("    " * (i % 3)) + f"def f{i}(x):  # the quick brown fox\n" + ("\n" if i % 5 == 0 else "") for i in range(300)
+    ]
     text = "".join(lines)
     path = tmp_path / "code.txt"
     path.write_text(text, encoding="utf-8")
@@ -227,8 +234,12 @@ def test_a_long_jsonl_record_is_read_within_a_few_times_its_size(tmp_path):
     from pathlib import Path
 
     tests = str(Path(__file__).parent)
-    out = subprocess.run([sys.executable, "-c", _LONG_RECORD_SCRIPT, tests, str(tmp_path), str(16 << 20)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _LONG_RECORD_SCRIPT, tests, str(tmp_path), str(16 << 20)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["blocks"] > 100_000
@@ -246,9 +257,10 @@ def test_release_unmaps_read_pages_and_never_touches_other_memory(tmp_path):
     from posttrainllm.data import reading
 
     def rss_file() -> int:
-        for line in open("/proc/self/status"):
-            if line.startswith("RssFile:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) * 1024
 
     heap = pa.array(np.arange(1 << 21, dtype=np.int64))  # 16 MiB on the heap
     reading.release(heap)

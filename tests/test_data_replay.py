@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import pytest
-
 from data_samples import (  # noqa: F401 - fixtures and samples
-    ALPACA, MESSAGES, PREF_MSGS, PREF_STR, PROMPT_COMPLETION, PROMPT_COMPLETION_MSGS, SHARED, SHAREGPT, SHAREGPT_PREF,
-    make_tokenizer, write_json, write_jsonl,
+    ALPACA,
+    MESSAGES,
+    PREF_MSGS,
+    PREF_STR,
+    PROMPT_COMPLETION,
+    PROMPT_COMPLETION_MSGS,
+    SHARED,
+    SHAREGPT,
+    SHAREGPT_PREF,
+    make_tokenizer,
+    write_json,
+    write_jsonl,
 )
+
 from posttrainllm import data as D
 from posttrainllm.errors import UsageError
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Replay
@@ -21,7 +30,7 @@ def test_mix_replay_prompt_completion_and_messages(tmp_path, tokenizer):
     import datasets
 
     train = D.prepare_sft(str(write_jsonl(tmp_path / "a.jsonl", ALPACA * 5)), tokenizer).train  # 20 rows
-    replay = datasets.Dataset.from_list([{"text": "line of replay text number %d\n" % i * 3} for i in range(10)])
+    replay = datasets.Dataset.from_list([{"text": f"line of replay text number {i}\n" * 3} for i in range(10)])
     mixed = D.mix_replay(train, replay, ratio=0.2, seed=0)
     assert len(mixed) == 25 and mixed.column_names == train.column_names
     replay_rows = [r for r in mixed if r["prompt"] == ""]
@@ -40,10 +49,12 @@ def test_mix_replay_prompt_completion_and_messages(tmp_path, tokenizer):
 
 def test_mix_replay_token_blocks_in_the_same_place(tmp_path, tokenizer):
     """finetune's replay blocks go through the same function as sft's replay rows."""
-    train = D.prepare_text(str(write_jsonl(tmp_path / "t.jsonl", [{"text": "Hello world. " * 40}])), tokenizer,
-                           max_length=8).train
-    replay = D.prepare_text(str(write_jsonl(tmp_path / "r.jsonl", [{"text": "The quick brown fox. " * 20}])),
-                            tokenizer, max_length=8).train
+    train = D.prepare_text(
+        str(write_jsonl(tmp_path / "t.jsonl", [{"text": "Hello world. " * 40}])), tokenizer, max_length=8
+    ).train
+    replay = D.prepare_text(
+        str(write_jsonl(tmp_path / "r.jsonl", [{"text": "The quick brown fox. " * 20}])), tokenizer, max_length=8
+    ).train
     mixed = D.mix_replay(train, replay, ratio=0.25, seed=3)
     k = round(0.25 * len(train) / 0.75)
     assert len(mixed) == len(train) + k and mixed.column_names == ["input_ids", "labels"]
@@ -56,8 +67,11 @@ def test_mix_replay_token_blocks_in_the_same_place(tmp_path, tokenizer):
 def test_mix_replay_interleaves_streams(tmp_path, tokenizer):
     import datasets
 
-    path = str(write_jsonl(tmp_path / "a.jsonl", [dict(r, instruction=f"{r['instruction']} {i}")
-                                                  for i, r in enumerate(ALPACA * 100)]))
+    path = str(
+        write_jsonl(
+            tmp_path / "a.jsonl", [dict(r, instruction=f"{r['instruction']} {i}") for i, r in enumerate(ALPACA * 100)]
+        )
+    )
     stream = D.prepare_sft(path, tokenizer, streaming=True).train
     replay = datasets.Dataset.from_list([{"text": f"replay line {i}\n" * 3} for i in range(50)])
     mixed = D.mix_replay(stream, replay, ratio=0.3, seed=0)

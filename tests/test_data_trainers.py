@@ -5,13 +5,19 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from data_samples import (  # noqa: F401 - fixtures and samples
-    ALPACA, MESSAGES, PREF_MSGS, PREF_STR, PROMPT_COMPLETION, PROMPT_COMPLETION_MSGS, SHAREGPT_PREF,
-    write_json, write_jsonl,
+    ALPACA,
+    MESSAGES,
+    PREF_MSGS,
+    PREF_STR,
+    PROMPT_COMPLETION,
+    PROMPT_COMPLETION_MSGS,
+    SHAREGPT_PREF,
+    write_json,
+    write_jsonl,
 )
-from posttrainllm import data as D
 
+from posttrainllm import data as D
 
 # ---------------------------------------------------------------------------------------------------------------
 # Smoke: TRL trainers accept the shapes

@@ -14,14 +14,25 @@ from posttrainllm import demo_data
 def test_demo_quick_runs_offline(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)], capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "flat vs layer-wise LR decay" in r.stdout
     results = json.loads((out / "demo_results.json").read_text())
     assert len(results) == 2
     for row in results.values():
         assert row["eval_loss"] > 0 and row["before"] > 0 and row["after"] > 0
-    again = subprocess.run([sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)], capture_output=True, text=True, env=env)
+    again = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert again.returncode == 2 and "--overwrite" in again.stderr
 
 

@@ -24,10 +24,38 @@ ROOT = Path(__file__).resolve().parents[1]
 FSDP2_CPU = ROOT / "examples" / "accelerate" / "fsdp2_cpu.yaml"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 GAMMA = 0.8
-SFT = ["--llrd", str(GAMMA), "--lr", "1e-3", "--max-steps", "12", "--save-steps", "4", "--batch-size", "2", "--max-length", "128",
-       "--logging-steps", "1"]
-DPO = ["--llrd", str(GAMMA), "--lr", "1e-3", "--max-steps", "3", "--batch-size", "2", "--max-length", "64", "--logging-steps", "1",
-       "--weight-decay", "0.1"]
+SFT = [
+    "--llrd",
+    str(GAMMA),
+    "--lr",
+    "1e-3",
+    "--max-steps",
+    "12",
+    "--save-steps",
+    "4",
+    "--batch-size",
+    "2",
+    "--max-length",
+    "128",
+    "--logging-steps",
+    "1",
+]
+DPO = [
+    "--llrd",
+    str(GAMMA),
+    "--lr",
+    "1e-3",
+    "--max-steps",
+    "3",
+    "--batch-size",
+    "2",
+    "--max-length",
+    "64",
+    "--logging-steps",
+    "1",
+    "--weight-decay",
+    "0.1",
+]
 LIMIT = 420  # seconds any one launch may take on a busy 2-core machine before the test gives up
 
 # Each rank dumps what its optimizer holds once accelerate has prepared (sharded) the model.
@@ -73,12 +101,31 @@ def free_port() -> int:
 
 def accelerate_fsdp2(target, *args):
     """`accelerate launch --config_file examples/accelerate/fsdp2_cpu.yaml` of a script or of `-m posttrainllm`."""
-    head = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP2_CPU), "--main_process_port", str(free_port())]
+    head = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(FSDP2_CPU),
+        "--main_process_port",
+        str(free_port()),
+    ]
     return head + ([str(target)] if target else ["-m", "posttrainllm"]) + list(args)
 
 
 def torchrun_ddp(*args):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "posttrainllm", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "posttrainllm",
+        *args,
+    ]
 
 
 def run(cmd, **env):
@@ -91,8 +138,15 @@ def run(cmd, **env):
 def saved_groups(out):
     from posttrainllm.llrd import strip_wrappers
 
-    return [{"name": g["name"], "lr": g["lr"], "weight_decay": g["weight_decay"], "params": [strip_wrappers(n) for n in g["params"]]}
-            for g in json.loads((Path(out) / "param_groups.json").read_text())]
+    return [
+        {
+            "name": g["name"],
+            "lr": g["lr"],
+            "weight_decay": g["weight_decay"],
+            "params": [strip_wrappers(n) for n in g["params"]],
+        }
+        for g in json.loads((Path(out) / "param_groups.json").read_text())
+    ]
 
 
 def losses(out):
@@ -120,7 +174,9 @@ def check(r, what):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist-data")
-    rows = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(32)]
+    rows = [
+        {"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"The sum is {2 * i + 1}."} for i in range(32)
+    ]
     (d / "alpaca.json").write_text(json.dumps(rows))
     prefs = [{"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"no {i + 3} maybe"} for i in range(32)]
     (d / "prefs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prefs))
@@ -132,8 +188,20 @@ def _fsdp_run(tmp_path_factory, command, model, dataset, data, args):
     root = tmp_path_factory.mktemp(f"fsdp-{command}")
     spy = root / "spy"
     spy.mkdir()
-    r = run(accelerate_fsdp2(data / "spy.py", command, "--model", str(model), "--dataset", str(dataset), "--output-dir", str(root / "out"), *args),
-            SPY_DIR=str(spy))
+    r = run(
+        accelerate_fsdp2(
+            data / "spy.py",
+            command,
+            "--model",
+            str(model),
+            "--dataset",
+            str(dataset),
+            "--output-dir",
+            str(root / "out"),
+            *args,
+        ),
+        SPY_DIR=str(spy),
+    )
     check(r, f"FSDP2 {command}")
     return root / "out", {rank: json.loads((spy / f"rank{rank}.json").read_text()) for rank in (0, 1)}, r
 
@@ -175,7 +243,9 @@ def test_fsdp2_sft_shards_the_planned_groups_and_saves_the_model_a_ddp_run_saves
         assert listed[shard] == (ckpt / shard).stat().st_size
     assert verify_checkpoint(ckpt) is None
     # the final model is whole (gathered), loads, and equals the DDP run's
-    assert (out / "model.safetensors").is_file() and "model.safetensors" in json.loads((out / "training_complete.json").read_text())["files"]
+    assert (out / "model.safetensors").is_file() and "model.safetensors" in json.loads(
+        (out / "training_complete.json").read_text()
+    )["files"]
     diff = max_weight_difference(out, ddp_sft)
     print(f"FSDP2 vs DDP sft: max |weight difference| {diff:.2e}")
     assert diff < 1e-5
@@ -190,7 +260,12 @@ def test_fsdp2_drift_per_block_follows_layer_decay(fsdp_sft, ddp_sft):
     assert spy[0]["fsdp"] and all(spy[0]["sharded"])  # the weights really were sharded while they drifted
     d, ref = drift(out), drift(ddp_sft)
     top = d["block_3"]
-    print("drift ratios block_i/block_3:", {i: round(d[f"block_{i}"] / top, 4) for i in range(3)}, "γ^(3-i):", {i: GAMMA ** (3 - i) for i in range(3)})
+    print(
+        "drift ratios block_i/block_3:",
+        {i: round(d[f"block_{i}"] / top, 4) for i in range(3)},
+        "γ^(3-i):",
+        {i: GAMMA ** (3 - i) for i in range(3)},
+    )
     for i in range(3):  # Adam moves each block in proportion to its LR: block_i / block_3 ≈ γ^(3-i)
         assert d[f"block_{i}"] / top == pytest.approx(GAMMA ** (3 - i), rel=0.15), i
     assert d["block_0"] < d["block_1"] < d["block_2"] < d["block_3"]
@@ -198,7 +273,9 @@ def test_fsdp2_drift_per_block_follows_layer_decay(fsdp_sft, ddp_sft):
 
 
 @pytest.mark.smoke
-def test_fsdp2_dpo_shards_the_policy_groups_and_keeps_the_reference_out_of_the_optimizer(tmp_path_factory, tiny_model_dir, data):
+def test_fsdp2_dpo_shards_the_policy_groups_and_keeps_the_reference_out_of_the_optimizer(
+    tmp_path_factory, tiny_model_dir, data
+):
     out, spy, _ = _fsdp_run(tmp_path_factory, "dpo", tiny_model_dir, data / "prefs.jsonl", data, DPO)
     want = saved_groups(out)
     assert any(g["name"].endswith(".no_decay") for g in want)
@@ -208,21 +285,40 @@ def test_fsdp2_dpo_shards_the_policy_groups_and_keeps_the_reference_out_of_the_o
     ddp = _ddp_run(tmp_path_factory, "dpo", tiny_model_dir, data / "prefs.jsonl", DPO)
     diff = max_weight_difference(out, ddp)
     d = drift(out)
-    print(f"FSDP2 vs DDP dpo: max |weight difference| {diff:.2e}; drift ratios", {i: round(d[f"block_{i}"] / d["block_3"], 4) for i in range(3)})
+    print(
+        f"FSDP2 vs DDP dpo: max |weight difference| {diff:.2e}; drift ratios",
+        {i: round(d[f"block_{i}"] / d["block_3"], 4) for i in range(3)},
+    )
     assert diff < 1e-5
     assert d["block_0"] < d["block_1"] < d["block_2"] < d["block_3"]
 
 
 @pytest.mark.smoke
-def test_fsdp2_sigterm_then_resume_from_sharded_checkpoints_reproduces_the_losses(fsdp_sft, tiny_model_dir, data, tmp_path):
+def test_fsdp2_sigterm_then_resume_from_sharded_checkpoints_reproduces_the_losses(
+    fsdp_sft, tiny_model_dir, data, tmp_path
+):
     reference, _, _ = fsdp_sft
     out = tmp_path / "out"
-    cmd = accelerate_fsdp2(None, "sft", "--model", str(tiny_model_dir), "--dataset", str(data / "alpaca.json"), "--output-dir", str(out), *SFT)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True)
+    cmd = accelerate_fsdp2(
+        None,
+        "sft",
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(data / "alpaca.json"),
+        "--output-dir",
+        str(out),
+        *SFT,
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True
+    )
     try:
         deadline = time.time() + LIMIT
         while not (out / "checkpoint-4" / "COMPLETE").exists():
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else "no checkpoint"
+            assert proc.poll() is None and time.time() < deadline, (
+                proc.stdout.read() if proc.poll() is not None else "no checkpoint"
+            )
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)  # to the launcher: it passes SIGTERM on to both ranks
         output, _ = proc.communicate(timeout=LIMIT)
@@ -231,9 +327,13 @@ def test_fsdp2_sigterm_then_resume_from_sharded_checkpoints_reproduces_the_losse
     assert proc.returncode != 0
     assert "interrupted at step" in output and "--resume" in output
     assert not (out / "training_complete.json").exists()
-    done = sorted((d for d in out.glob("checkpoint-*") if (d / "COMPLETE").exists()), key=lambda d: int(d.name.split("-")[1]))
+    done = sorted(
+        (d for d in out.glob("checkpoint-*") if (d / "COMPLETE").exists()), key=lambda d: int(d.name.split("-")[1])
+    )
     assert done and int(done[-1].name.split("-")[1]) < 12
-    assert "optimizer_0/__1_0.distcp" in json.loads((done[-1] / "COMPLETE").read_text())["files"]  # a sharded checkpoint
+    assert (
+        "optimizer_0/__1_0.distcp" in json.loads((done[-1] / "COMPLETE").read_text())["files"]
+    )  # a sharded checkpoint
     # a newer checkpoint whose marker lists a rank's optimizer shard that is gone: --resume must skip it
     from shutil import copytree
 
@@ -245,7 +345,10 @@ def test_fsdp2_sigterm_then_resume_from_sharded_checkpoints_reproduces_the_losse
     assert "checkpoint-11 (optimizer_0/__1_0.distcp is missing)" in r.stdout
     got, want = losses(out), losses(reference)
     resumed = range(int(done[-1].name.split("-")[1]) + 1, 13)
-    print(f"resumed from {done[-1].name}: max |loss difference| {max(abs(got[s] - want[s]) for s in resumed):.2e} over steps {list(resumed)}")
+    print(
+        f"resumed from {done[-1].name}: max |loss difference| "
+        f"{max(abs(got[s] - want[s]) for s in resumed):.2e} over steps {list(resumed)}"
+    )
     assert list(resumed) and all(got[s] == pytest.approx(want[s], abs=1e-4) for s in resumed)
 
 
@@ -311,11 +414,41 @@ class Nodes:
         self.procs, self.workers = {}, []
         for n in "AB":
             self.dirs[n].mkdir()
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", f"two-nodes-{self.port}", "-m", "posttrainllm", "sft",
-                   "--model", str(model), "--dataset", str(dataset), "--output-dir", "out", "--llrd", "0.9", *args]
-            self.procs[n] = subprocess.Popen(cmd, cwd=self.dirs[n], stdout=self.logs[n].open("w"), stderr=subprocess.STDOUT, env=ENV,
-                                             start_new_session=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{self.port}",
+                "--rdzv-id",
+                f"two-nodes-{self.port}",
+                "-m",
+                "posttrainllm",
+                "sft",
+                "--model",
+                str(model),
+                "--dataset",
+                str(dataset),
+                "--output-dir",
+                "out",
+                "--llrd",
+                "0.9",
+                *args,
+            ]
+            self.procs[n] = subprocess.Popen(
+                cmd,
+                cwd=self.dirs[n],
+                stdout=self.logs[n].open("w"),
+                stderr=subprocess.STDOUT,
+                env=ENV,
+                start_new_session=True,
+            )
             if n == "A":
                 self._wait_for_store()
 
@@ -395,8 +528,20 @@ def test_two_node_rendezvous_trains_with_llrd_and_only_global_rank0_writes(nodes
 
 @pytest.mark.smoke
 def test_when_one_node_dies_the_other_exits_1_with_a_message_at_once(nodes):
-    two = nodes("--max-steps", "100000", "--save-steps", "100000", "--batch-size", "2", "--max-length", "128", "--logging-steps", "1",
-                "--ddp-timeout", "120")
+    two = nodes(
+        "--max-steps",
+        "100000",
+        "--save-steps",
+        "100000",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "128",
+        "--logging-steps",
+        "1",
+        "--ddp-timeout",
+        "120",
+    )
     two.wait_for_step(3)
     for pid in [two.procs["B"].pid, *two.workers_of("B")]:  # node B is gone: its launcher and its worker
         os.kill(pid, signal.SIGKILL)
@@ -410,8 +555,20 @@ def test_when_one_node_dies_the_other_exits_1_with_a_message_at_once(nodes):
 
 @pytest.mark.smoke
 def test_a_hung_node_is_given_up_after_ddp_timeout(nodes):
-    two = nodes("--max-steps", "100000", "--save-steps", "100000", "--batch-size", "2", "--max-length", "128", "--logging-steps", "1",
-                "--ddp-timeout", "10")
+    two = nodes(
+        "--max-steps",
+        "100000",
+        "--save-steps",
+        "100000",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "128",
+        "--logging-steps",
+        "1",
+        "--ddp-timeout",
+        "10",
+    )
     two.wait_for_step(3)
     for pid in [two.procs["B"].pid, *two.workers_of("B")]:  # node B stops answering (its sockets stay open)
         os.kill(pid, signal.SIGSTOP)
@@ -425,8 +582,20 @@ def test_a_hung_node_is_given_up_after_ddp_timeout(nodes):
 
 @pytest.mark.smoke
 def test_killing_one_launcher_stops_both_nodes_at_one_checkpoint(nodes):
-    two = nodes("--max-steps", "100000", "--save-steps", "100000", "--batch-size", "2", "--max-length", "128", "--logging-steps", "1",
-                "--ddp-timeout", "120")
+    two = nodes(
+        "--max-steps",
+        "100000",
+        "--save-steps",
+        "100000",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "128",
+        "--logging-steps",
+        "1",
+        "--ddp-timeout",
+        "120",
+    )
     two.wait_for_step(3)
     worker = two.workers_of("B")
     os.kill(two.procs["B"].pid, signal.SIGKILL)  # the launcher alone: its worker must not train on as an orphan

@@ -63,7 +63,10 @@ def test_full_finetune_drift_matches_the_saved_weights_and_follows_gamma(gamma, 
 def test_lora_drift_is_the_merged_update_relative_to_the_base_weight(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(_load(tiny_model_dir), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model = get_peft_model(
+        _load(tiny_model_dir),
+        LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     plan = build_param_groups(model, 1e-3, 0.5)
     baseline = drift.Baseline(model, str(tiny_model_dir))
     _train(model, plan.groups)
@@ -86,7 +89,13 @@ def test_tensors_not_on_disk_as_in_the_model_are_copied_before_training(tiny_mod
 
 
 def test_plot_writes_a_png_or_says_why_not(tmp_path):
-    report = {"depths": [{"block": "embeddings", "drift": 0.01}, {"block": "block_0", "drift": 0.02}, {"block": "head", "drift": 0.05}]}
+    report = {
+        "depths": [
+            {"block": "embeddings", "drift": 0.01},
+            {"block": "block_0", "drift": 0.02},
+            {"block": "head", "drift": 0.05},
+        ]
+    }
     note = drift.plot(report, tmp_path / "drift.png")
     try:
         import matplotlib  # noqa: F401

@@ -21,7 +21,7 @@ def reference_ppl(model_dir, text, L):
     nll, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(ids), L):
-            w = torch.tensor([ids[start:start + L]])
+            w = torch.tensor([ids[start : start + L]])
             if w.shape[1] < 2:
                 continue
             logits = model(w).logits[0, :-1].float()
@@ -33,14 +33,31 @@ def reference_ppl(model_dir, text, L):
 def test_eval_json_matches_independent_perplexity(tiny_model_dir, text_file, alpaca_file, tmp_path):
     other = tmp_path / "other.txt"
     other.write_text("def f(x):\n    return x * 2\n" * 30)
-    r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir), "--text", str(text_file), "--text", str(other), "--max-length", "48", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--text",
+            str(text_file),
+            "--text",
+            str(other),
+            "--max-length",
+            "48",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     for path in (text_file, other):
         ppl, tokens = reference_ppl(tiny_model_dir, path.read_text(), 48)
         assert data[path.name]["perplexity"] == pytest.approx(ppl, rel=5e-3)
         assert data[path.name]["tokens"] == tokens
-    r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir), "--sft-dataset", str(alpaca_file), "--max-length", "256", "--json"])
+    r = runner.invoke(
+        app,
+        ["eval", "--model", str(tiny_model_dir), "--sft-dataset", str(alpaca_file), "--max-length", "256", "--json"],
+    )
     assert r.exit_code == 0, r.output
     sft = json.loads(r.stdout)["sft"]
     assert sft["loss"] > 0 and sft["examples"] == 32
@@ -59,8 +76,28 @@ def test_eval_missing_text_file(tiny_model_dir, tmp_path):
 @pytest.mark.smoke
 def test_ood_eval_reports_before_and_after(tiny_model_dir, alpaca_file, text_file, tmp_path):
     out = tmp_path / "o"
-    r = runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--max-steps", "2",
-                            "--batch-size", "4", "--max-length", "256", "--lr", "1e-3", "--ood-eval", str(text_file)])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "256",
+            "--lr",
+            "1e-3",
+            "--ood-eval",
+            str(text_file),
+        ],
+    )
     assert r.exit_code == 0, r.output
     res = json.loads((out / "eval_results.json").read_text())["ood"][text_file.name]
     before, _ = reference_ppl(tiny_model_dir, text_file.read_text(), 256)

@@ -7,8 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -36,8 +34,15 @@ TEXT = (
 def _make_tokenizer():
     from conftest import build_tokenizer
 
-    return build_tokenizer(CORPUS, 300, specials=["<pad>", "<s>", "</s>"], bos_token="<s>", eos_token="</s>",
-                           pad_token="<pad>", model_max_length=16)
+    return build_tokenizer(
+        CORPUS,
+        300,
+        specials=["<pad>", "<s>", "</s>"],
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=16,
+    )
 
 
 def _make_model(vocab_size: int, seed: int = 0):
@@ -108,7 +113,10 @@ def _lengths_for(n: int) -> dict[str, int]:
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, posttrainllm.evaluate; bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad)"
+    code = (
+        "import sys, posttrainllm.evaluate; bad = [m for m in ('torch', "
+        "'transformers') if m in sys.modules]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -279,8 +287,16 @@ def test_sft_alpaca_format(model, tokenizer):
         {"instruction": "Name an animal.", "input": "", "output": " A cat."},
         {"instruction": "Summarize.", "input": "The dog sat on the log.", "output": " Dog on log."},
     ]
-    as_pc = [{"prompt": ALPACA_PROMPT_NO_INPUT.format(instruction=alpaca[0]["instruction"]), "completion": alpaca[0]["output"]},
-             {"prompt": ALPACA_PROMPT.format(instruction=alpaca[1]["instruction"], input=alpaca[1]["input"]), "completion": alpaca[1]["output"]}]
+    as_pc = [
+        {
+            "prompt": ALPACA_PROMPT_NO_INPUT.format(instruction=alpaca[0]["instruction"]),
+            "completion": alpaca[0]["output"],
+        },
+        {
+            "prompt": ALPACA_PROMPT.format(instruction=alpaca[1]["instruction"], input=alpaca[1]["input"]),
+            "completion": alpaca[1]["output"],
+        },
+    ]
     want = ev.sft_completion_loss(model, tokenizer, as_pc, 256, batch_size=2)
     assert ev.sft_completion_loss(model, tokenizer, alpaca, 256, batch_size=2) == pytest.approx(want)
 
@@ -400,4 +416,6 @@ def test_chunked_float32_conversion_is_exact(model, tokenizer, monkeypatch):
     sft_whole = ev.sft_completion_loss(model, tokenizer, SFT_EXAMPLES, 64, batch_size=3)
     monkeypatch.setattr(ev, "_NLL_CHUNK", 3)
     assert ev.text_perplexity(model, tokenizer, TEXT, 20) == pytest.approx(whole, rel=1e-6)
-    assert ev.sft_completion_loss(model, tokenizer, SFT_EXAMPLES, 64, batch_size=3) == pytest.approx(sft_whole, rel=1e-6)
+    assert ev.sft_completion_loss(model, tokenizer, SFT_EXAMPLES, 64, batch_size=3) == pytest.approx(
+        sft_whole, rel=1e-6
+    )

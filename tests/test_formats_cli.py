@@ -5,20 +5,29 @@ file and line (or the columns found)."""
 import json
 
 import pytest
+from conftest import SHARED_DATA, write_jsonl
 from typer.testing import CliRunner
 
-from conftest import SHARED_DATA, write_jsonl
 from posttrainllm.cli import app
 
 runner = CliRunner()
 pytestmark = pytest.mark.smoke
 
 ALPACA = [{"instruction": f"Double {i}.", "input": "", "output": str(2 * i)} for i in range(12)]
-MESSAGES = [{"messages": [{"role": "user", "content": f"Double {i}."}, {"role": "assistant", "content": str(2 * i)}]} for i in range(12)]
+MESSAGES = [
+    {"messages": [{"role": "user", "content": f"Double {i}."}, {"role": "assistant", "content": str(2 * i)}]}
+    for i in range(12)
+]
 PROMPT_COMPLETION = [{"prompt": f"Double {i}.", "completion": str(2 * i)} for i in range(12)]
 PREFS = [{"prompt": f"Double {i}.", "chosen": str(2 * i), "rejected": str(i)} for i in range(12)]
-SHAREGPT_PREFS = [{"conversations": [{"from": "human", "value": f"Double {i}."}], "chosen": {"from": "gpt", "value": str(2 * i)},
-                   "rejected": {"from": "gpt", "value": str(i)}} for i in range(12)]
+SHAREGPT_PREFS = [
+    {
+        "conversations": [{"from": "human", "value": f"Double {i}."}],
+        "chosen": {"from": "gpt", "value": str(2 * i)},
+        "rejected": {"from": "gpt", "value": str(i)},
+    }
+    for i in range(12)
+]
 
 
 def _file(tmp_path, name, rows):
@@ -30,17 +39,37 @@ def _file(tmp_path, name, rows):
 
 
 def _train(cmd, model, data, out):
-    return runner.invoke(app, [cmd, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--max-steps", "2", "--batch-size", "4", "--max-length", "256"])
+    return runner.invoke(
+        app,
+        [
+            cmd,
+            "--model",
+            str(model),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "256",
+        ],
+    )
 
 
-@pytest.mark.parametrize("cmd,name,rows,fmt", [
-    ("sft", "alpaca.json", ALPACA, "alpaca"),
-    ("sft", "alpaca.jsonl", ALPACA, "alpaca"),
-    ("sft", "messages.jsonl", MESSAGES, "messages"),
-    ("sft", "pc.jsonl", PROMPT_COMPLETION, "prompt_completion"),
-    ("dpo", "prefs.jsonl", PREFS, "preference"),
-    ("dpo", "sharegpt_prefs.json", SHAREGPT_PREFS, "sharegpt_preference"),
-])
+@pytest.mark.parametrize(
+    "cmd,name,rows,fmt",
+    [
+        ("sft", "alpaca.json", ALPACA, "alpaca"),
+        ("sft", "alpaca.jsonl", ALPACA, "alpaca"),
+        ("sft", "messages.jsonl", MESSAGES, "messages"),
+        ("sft", "pc.jsonl", PROMPT_COMPLETION, "prompt_completion"),
+        ("dpo", "prefs.jsonl", PREFS, "preference"),
+        ("dpo", "sharegpt_prefs.json", SHAREGPT_PREFS, "sharegpt_preference"),
+    ],
+)
 def test_trains_on_format(cmd, name, rows, fmt, tiny_model_dir, tmp_path):
     r = _train(cmd, tiny_model_dir, _file(tmp_path, name, rows), tmp_path / "o")
     assert r.exit_code == 0, r.output
@@ -52,14 +81,37 @@ def test_trains_on_format(cmd, name, rows, fmt, tiny_model_dir, tmp_path):
 
 @pytest.mark.skipif(not (SHARED_DATA / "dpo_en_demo.json").exists(), reason="../shared/data not present")
 def test_dpo_on_the_shared_sharegpt_preference_file(tiny_model_dir, tmp_path):
-    r = runner.invoke(app, ["dpo", "--model", str(tiny_model_dir), "--dataset", str(SHARED_DATA / "dpo_en_demo.json"), "--output-dir", str(tmp_path / "o"),
-                            "--max-steps", "1", "--batch-size", "2", "--max-length", "256", "--max-samples", "8"])
+    r = runner.invoke(
+        app,
+        [
+            "dpo",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(SHARED_DATA / "dpo_en_demo.json"),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "256",
+            "--max-samples",
+            "8",
+        ],
+    )
     assert r.exit_code == 0, r.output
 
 
 def test_broken_third_line_names_file_and_line(tiny_model_dir, tmp_path):
     p = tmp_path / "broken.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in PROMPT_COMPLETION[:2]) + '{"prompt": "x", "completion"\n' + json.dumps(PROMPT_COMPLETION[3]) + "\n")
+    p.write_text(
+        "".join(json.dumps(r) + "\n" for r in PROMPT_COMPLETION[:2])
+        + '{"prompt": "x", "completion"\n'
+        + json.dumps(PROMPT_COMPLETION[3])
+        + "\n"
+    )
     r = _train("sft", tiny_model_dir, p, tmp_path / "o")
     assert r.exit_code == 1
     assert "broken.jsonl" in r.output and "line 3" in r.output and "Traceback" not in r.output

@@ -18,11 +18,13 @@ def _reference(model_dir, text, n):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     enc = tok(text, return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
-    return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def test_generate_prints_the_greedy_completion(tiny_model_dir):
-    r = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), "--prompt", "the quick brown", "--max-new-tokens", "8"])
+    r = runner.invoke(
+        app, ["generate", "--model", str(tiny_model_dir), "--prompt", "the quick brown", "--max-new-tokens", "8"]
+    )
     assert r.exit_code == 0, r.output
     want = _reference(tiny_model_dir, "the quick brown", 8)
     assert want and r.stdout.rstrip("\n").endswith(want)
@@ -30,9 +32,24 @@ def test_generate_prints_the_greedy_completion(tiny_model_dir):
 
 def test_prompts_file_writes_one_json_line_per_prompt(tiny_model_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "hello world"}) + "\n" + json.dumps({"instruction": "Add 1 and 2."}) + "\n")
+    prompts.write_text(
+        json.dumps({"prompt": "hello world"}) + "\n" + json.dumps({"instruction": "Add 1 and 2."}) + "\n"
+    )
     out = tmp_path / "out.jsonl"
-    r = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "4"])
+    r = runner.invoke(
+        app,
+        [
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(out),
+            "--max-new-tokens",
+            "4",
+        ],
+    )
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == ["hello world", {"instruction": "Add 1 and 2.", "input": ""}]
@@ -54,12 +71,15 @@ def test_prompts_are_rendered_as_sft_trained_them(tiny_model_dir):
     assert chat == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.mark.parametrize("args,fragment", [
-    ([], "either --prompt TEXT or --prompts FILE"),
-    (["--prompt", "a", "--prompts", "x.txt"], "either --prompt TEXT or --prompts FILE"),
-    (["--prompt", "a", "--temperature", "-1"], "--temperature"),
-    (["--prompt", "a", "--prompt-format", "xml"], "--prompt-format"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        ([], "either --prompt TEXT or --prompts FILE"),
+        (["--prompt", "a", "--prompts", "x.txt"], "either --prompt TEXT or --prompts FILE"),
+        (["--prompt", "a", "--temperature", "-1"], "--temperature"),
+        (["--prompt", "a", "--prompt-format", "xml"], "--prompt-format"),
+    ],
+)
 def test_generate_usage_errors(args, fragment, tiny_model_dir):
     r = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), *args])
     assert r.exit_code == 2 and fragment in r.output

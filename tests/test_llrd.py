@@ -1,7 +1,5 @@
 """Unit tests for posttrainllm.llrd: closed forms of the layer-wise LR decay and the param-group contract."""
 
-
-
 import math
 import re
 import subprocess
@@ -69,8 +67,16 @@ def tiny_llama(n, **kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=n, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=32, **kw)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=n,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        **kw,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -88,8 +94,12 @@ def lr_by_param(plan):
 
 
 def adam_state_bytes(opt):
-    return sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-               if torch.is_tensor(t) and t.dim() > 0)
+    return sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
 
 
 def one_step(model, groups, **kw):
@@ -135,8 +145,9 @@ def test_embeddings_get_block0_scale_and_head_and_final_norm_get_one():
 def test_docstring_worked_example_n4_gamma_half():
     plan = build_param_groups(Toy(4), 1e-3, 0.5)
     got = {r["block"]: r["lr"] for r in plan.rows}
-    assert got == pytest.approx({"embeddings": 1.25e-4, "block_0": 1.25e-4, "block_1": 2.5e-4, "block_2": 5e-4,
-                                 "block_3": 1e-3, "head": 1e-3})
+    assert got == pytest.approx(
+        {"embeddings": 1.25e-4, "block_0": 1.25e-4, "block_1": 2.5e-4, "block_2": 5e-4, "block_3": 1e-3, "head": 1e-3}
+    )
 
 
 def test_gamma_one_gives_every_parameter_the_base_lr():
@@ -223,8 +234,9 @@ def test_freeze_below_freezes_and_saves_exactly_the_adam_state_bytes():
     assert apply_freeze(plan) == len(plan.frozen_param_names) > 0
     assert all(not p.requires_grad for n, p in frozen_model.named_parameters() if n in plan.frozen_param_names)
     assert all(p.requires_grad for n, p in frozen_model.named_parameters() if n not in plan.frozen_param_names)
-    assert {n for n in plan.frozen_param_names} == {n for n, _ in frozen_model.named_parameters()
-                                                    if expected_scale(n, 6, 0.5) < 0.2}
+    assert {n for n in plan.frozen_param_names} == {
+        n for n, _ in frozen_model.named_parameters() if expected_scale(n, 6, 0.5) < 0.2
+    }
     grouped = {n for names in plan.param_names.values() for n in names}
     assert not grouped & set(plan.frozen_param_names)
     assert all(g["scale"] >= 0.2 for g in plan.groups)
@@ -323,10 +335,22 @@ def test_bad_block_path_raises_value_error_listing_candidates(bad):
     assert bad in str(exc.value)
 
 
-@pytest.mark.parametrize("kwargs", [{"gamma": 0.0}, {"gamma": -0.5}, {"gamma": 1.01}, {"gamma": float("nan")},
-                                    {"gamma": "0.9"}, {"base_lr": 0.0}, {"base_lr": float("inf")},
-                                    {"weight_decay": -0.1}, {"min_scale": 1.5}, {"freeze_below": -0.1},
-                                    {"tied_policy": "both"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"gamma": 0.0},
+        {"gamma": -0.5},
+        {"gamma": 1.01},
+        {"gamma": float("nan")},
+        {"gamma": "0.9"},
+        {"base_lr": 0.0},
+        {"base_lr": float("inf")},
+        {"weight_decay": -0.1},
+        {"min_scale": 1.5},
+        {"freeze_below": -0.1},
+        {"tied_policy": "both"},
+    ],
+)
 def test_bad_arguments_raise_value_error(kwargs):
     args = {"base_lr": BASE, "gamma": 0.9, **kwargs}
     with pytest.raises(ValueError):
@@ -416,8 +440,18 @@ def test_json_and_summary_line():
     plan = build_param_groups(Toy(4), 3e-5, 0.95, 0.1)
     data = plan.to_json()
     assert [d["name"] for d in data] == [g["name"] for g in plan.groups]
-    assert set(data[0]) == {"name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor",
-                            "loraplus", "params"}
+    assert set(data[0]) == {
+        "name",
+        "lr",
+        "weight_decay",
+        "scale",
+        "depth",
+        "depth_scale",
+        "pattern",
+        "factor",
+        "loraplus",
+        "params",
+    }
     assert all(isinstance(n, str) for d in data for n in d["params"])
     assert summary_line(plan) == "γ=0.95 → block_0 LR=2.57e-05, head LR=3e-05"
     assert plan.lr_of("block_3") == 3e-5
@@ -428,8 +462,14 @@ def test_json_and_summary_line():
 def test_80_block_meta_model_builds_groups_fast():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                      num_attention_heads=64, num_key_value_heads=8)
+    cfg = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     best = math.inf
@@ -443,7 +483,9 @@ def test_80_block_meta_model_builds_groups_fast():
 
 
 def test_llrd_module_does_not_import_hf_libraries():
-    code = ("import sys, posttrainllm.llrd; "
-            "bad = [m for m in ('transformers', 'trl', 'peft', 'datasets') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, posttrainllm.llrd; "
+        "bad = [m for m in ('transformers', 'trl', 'peft', 'datasets') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

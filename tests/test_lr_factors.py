@@ -22,9 +22,18 @@ def llama(tie=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=N,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
-                                        tie_word_embeddings=tie))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=N,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            tie_word_embeddings=tie,
+        )
+    )
 
 
 def lora(model, **kw):
@@ -65,8 +74,9 @@ CASES = {
     "clamp": dict(model=lambda: llama(), kw={"min_scale": 0.7}),
     "freeze": dict(model=lambda: llama(), kw={"freeze_below": 0.6}),
     "lora": dict(model=lambda: lora(llama()), kw={"loraplus_ratio": 16.0}),
-    "lora_clamp_tied": dict(model=lambda: lora(llama(tie=True), modules_to_save=["lm_head"]),
-                            kw={"loraplus_ratio": 4.0, "min_scale": 0.6}),
+    "lora_clamp_tied": dict(
+        model=lambda: lora(llama(tie=True), modules_to_save=["lm_head"]), kw={"loraplus_ratio": 4.0, "min_scale": 0.6}
+    ),
 }
 LR_GROUPS = {"mlp": 0.5, r"self_attn\.(q|k)_proj": 2.0, "embed_tokens|norm": 0.25}
 
@@ -136,13 +146,42 @@ def test_flat_plan_with_a_factor_still_has_base_lr_elsewhere():
 
 # ---------------------------------------------------------------------------------------------------------- CLI
 def _dry(model_dir, data, out, *extra):
-    return runner.invoke(app, ["sft", "--model", str(model_dir), "--dataset", str(data), "--output-dir", str(out), "--dry-run",
-                               "--max-length", "128", "--lr", "1e-3", *extra])
+    return runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(model_dir),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--dry-run",
+            "--max-length",
+            "128",
+            "--lr",
+            "1e-3",
+            *extra,
+        ],
+    )
 
 
 def test_cli_lr_groups_and_loraplus_reach_param_groups_json_and_the_banner(tiny_model_dir, alpaca_file, tmp_path):
-    r = _dry(tiny_model_dir, alpaca_file, tmp_path / "o", "--llrd", "0.5", "--lr-group", "mlp=0.5",
-             "--lr-group", r"self_attn\.(q|k)_proj=2", "--lora-r", "2", "--loraplus-ratio", "16")
+    r = _dry(
+        tiny_model_dir,
+        alpaca_file,
+        tmp_path / "o",
+        "--llrd",
+        "0.5",
+        "--lr-group",
+        "mlp=0.5",
+        "--lr-group",
+        r"self_attn\.(q|k)_proj=2",
+        "--lora-r",
+        "2",
+        "--loraplus-ratio",
+        "16",
+    )
     assert r.exit_code == 0, r.output
     assert "LR factors: mlp×0.5, self_attn\\.(q|k)_proj×2, LoRA+ B×16" in r.output
     assert "× factors" in r.output
@@ -169,15 +208,18 @@ def test_recipe_lr_groups_mapping_and_cli_override(tiny_model_dir, alpaca_file, 
     assert "head+lm_head" in groups and not any("mlp" in n for n in groups)  # the CLI list replaces the recipe's
 
 
-@pytest.mark.parametrize("args,fragment,code", [
-    (["--lr-group", "mlp"], "PATTERN=FACTOR", 2),
-    (["--lr-group", "mlp=fast"], "PATTERN=FACTOR", 2),
-    (["--lr-group", "mlp=-1"], "must be a finite number >= 0", 2),
-    (["--lr-group", "(=1"], "not a valid regular expression", 2),
-    (["--loraplus-ratio", "16"], "--loraplus-ratio needs --lora-r", 2),
-    (["--lr-group", "mlp=0.5", "--lr-group", "up_proj=2"], "matches LR group patterns 'mlp' and 'up_proj'", 2),
-    (["--lr-group", "cross_attn=2"], "matches no parameter", 2),
-])
+@pytest.mark.parametrize(
+    "args,fragment,code",
+    [
+        (["--lr-group", "mlp"], "PATTERN=FACTOR", 2),
+        (["--lr-group", "mlp=fast"], "PATTERN=FACTOR", 2),
+        (["--lr-group", "mlp=-1"], "must be a finite number >= 0", 2),
+        (["--lr-group", "(=1"], "not a valid regular expression", 2),
+        (["--loraplus-ratio", "16"], "--loraplus-ratio needs --lora-r", 2),
+        (["--lr-group", "mlp=0.5", "--lr-group", "up_proj=2"], "matches LR group patterns 'mlp' and 'up_proj'", 2),
+        (["--lr-group", "cross_attn=2"], "matches no parameter", 2),
+    ],
+)
 def test_cli_errors(args, fragment, code, tiny_model_dir, alpaca_file, tmp_path):
     r = _dry(tiny_model_dir, alpaca_file, tmp_path / "o", "--llrd", "0.8", *args)
     assert r.exit_code == code, r.output
@@ -188,8 +230,22 @@ def test_resume_with_changed_lr_groups_is_refused(tmp_path):
     out = tmp_path / "o"
     (out / "checkpoint-2").mkdir(parents=True)
     (out / "checkpoint-2" / "COMPLETE").write_text("{}")
-    (out / "run_config.json").write_text(json.dumps({"command": "sft", "model": "org/m", "lr": 2e-5, "llrd": 1.0,
-                                                     "lr_groups": {"mlp": 0.5}}))
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", str(out), "--resume",
-                            "--lr-group", "mlp=0.25"])
+    (out / "run_config.json").write_text(
+        json.dumps({"command": "sft", "model": "org/m", "lr": 2e-5, "llrd": 1.0, "lr_groups": {"mlp": 0.5}})
+    )
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            "org/m",
+            "--dataset",
+            "org/d",
+            "--output-dir",
+            str(out),
+            "--resume",
+            "--lr-group",
+            "mlp=0.25",
+        ],
+    )
     assert r.exit_code == 2 and "lr_groups" in r.output and "--allow-config-change" in r.output

@@ -25,7 +25,12 @@ def optimizer_groups(optimizer, model):
 
     name_of = {id(p): strip_wrappers(n) for n, p in model.named_parameters()}
     return [
-        {"name": g["name"], "lr": g["lr"], "weight_decay": g["weight_decay"], "params": [name_of[id(p)] for p in g["params"]]}
+        {
+            "name": g["name"],
+            "lr": g["lr"],
+            "weight_decay": g["weight_decay"],
+            "params": [name_of[id(p)] for p in g["params"]],
+        }
         for g in optimizer.param_groups
     ]
 
@@ -34,7 +39,12 @@ def saved_groups(out):
     from posttrainllm.llrd import strip_wrappers
 
     return [
-        {"name": g["name"], "lr": g["lr"], "weight_decay": g["weight_decay"], "params": [strip_wrappers(n) for n in g["params"]]}
+        {
+            "name": g["name"],
+            "lr": g["lr"],
+            "weight_decay": g["weight_decay"],
+            "params": [strip_wrappers(n) for n in g["params"]],
+        }
         for g in json.loads((Path(out) / "param_groups.json").read_text())
     ]
 
@@ -83,11 +93,29 @@ SETTINGS = {
 
 @pytest.mark.smoke
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_param_groups_json_equals_the_optimizers_groups(setting, captured, tiny_model_dir, tied_model_dir, alpaca_file, tmp_path):
+def test_param_groups_json_equals_the_optimizers_groups(
+    setting, captured, tiny_model_dir, tied_model_dir, alpaca_file, tmp_path
+):
     model_dir = tied_model_dir if setting == "tied" else tiny_model_dir
     out = tmp_path / "o"
-    args = ["sft", "--model", str(model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--max-steps", "1",
-            "--batch-size", "2", "--max-length", "128", "--lr", "1e-3", *SETTINGS[setting]]
+    args = [
+        "sft",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        str(alpaca_file),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "128",
+        "--lr",
+        "1e-3",
+        *SETTINGS[setting],
+    ]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert len(captured) == 1
@@ -105,7 +133,8 @@ def test_param_groups_json_equals_the_optimizers_groups(setting, captured, tiny_
 def test_param_groups_json_equals_the_optimizers_groups_on_every_ddp_rank(tiny_model_dir, alpaca_file, tmp_path):
     """torchrun, 2 processes (gloo): each rank dumps its real optimizer groups; both equal param_groups.json."""
     script = tmp_path / "spy.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_plan_once import optimizer_groups
@@ -124,13 +153,45 @@ def test_param_groups_json_equals_the_optimizers_groups_on_every_ddp_rank(tiny_m
         LLRDMixin.create_optimizer = spy
         sys.argv = ["posttrainllm", *sys.argv[1:]]
         cli.main()
-    """))
+    """)
+    )
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541", str(script),
-                        "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out),
-                        "--llrd", "0.5", "--llrd-freeze-below", "0.2", "--weight-decay", "0.1", "--max-steps", "1",
-                        "--batch-size", "2", "--max-length", "128"], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29541",
+            str(script),
+            "sft",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(out),
+            "--llrd",
+            "0.5",
+            "--llrd-freeze-below",
+            "0.2",
+            "--weight-decay",
+            "0.1",
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "128",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     want = saved_groups(out)
     for rank in (0, 1):
@@ -138,10 +199,12 @@ def test_param_groups_json_equals_the_optimizers_groups_on_every_ddp_rank(tiny_m
 
 
 def test_the_library_is_importable_from_the_package_root_without_importing_torch_first():
-    code = ("import sys, posttrainllm; assert 'torch' not in sys.modules; "
-            "from posttrainllm import build_param_groups, LLRDPlan, apply_freeze; "
-            "import posttrainllm.llrd as l; assert build_param_groups is l.build_param_groups; "
-            "assert set(posttrainllm.__all__) >= {'build_param_groups', 'LLRDPlan'}")
+    code = (
+        "import sys, posttrainllm; assert 'torch' not in sys.modules; "
+        "from posttrainllm import build_param_groups, LLRDPlan, apply_freeze; "
+        "import posttrainllm.llrd as l; assert build_param_groups is l.build_param_groups; "
+        "assert set(posttrainllm.__all__) >= {'build_param_groups', 'LLRDPlan'}"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -176,21 +239,51 @@ def test_groups_for_a_wrapped_copy_are_matched_by_name_and_a_different_model_is_
 @pytest.mark.smoke
 def test_logged_learning_rate_is_the_base_lr_not_group_0s(tiny_model_dir, text_file, tmp_path):
     out = tmp_path / "o"
-    r = runner.invoke(app, ["finetune", "--model", str(tiny_model_dir), "--dataset", str(text_file), "--output-dir", str(out),
-                            "--max-steps", "2", "--batch-size", "2", "--max-length", "64", "--logging-steps", "1",
-                            "--lr", "1e-3", "--llrd", "0.5", "--lr-scheduler", "constant"])
+    r = runner.invoke(
+        app,
+        [
+            "finetune",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(text_file),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "64",
+            "--logging-steps",
+            "1",
+            "--lr",
+            "1e-3",
+            "--llrd",
+            "0.5",
+            "--lr-scheduler",
+            "constant",
+        ],
+    )
     assert r.exit_code == 0, r.output
     logs = [h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]
     assert logs and all(h["learning_rate"] == pytest.approx(1e-3) for h in logs)
     assert all(h["lr_min"] == pytest.approx(1e-3 * 0.5**3) and h["lr_max"] == pytest.approx(1e-3) for h in logs)
 
 
-@pytest.mark.parametrize("command,kind", [("sft", "sft"), ("dpo", "dpo"), ("finetune", "causal_lm"), ("pretrain", "causal_lm")])
+@pytest.mark.parametrize(
+    "command,kind", [("sft", "sft"), ("dpo", "dpo"), ("finetune", "causal_lm"), ("pretrain", "causal_lm")]
+)
 def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versions(command, kind, tmp_path):
     from posttrainllm.config import resolve
     from posttrainllm.trainers import trainer_config
 
-    values = {"dataset": "org/data", "output_dir": str(tmp_path / "o"), "eval_steps": "5", "gradient_checkpointing": True}
+    values = {
+        "dataset": "org/data",
+        "output_dir": str(tmp_path / "o"),
+        "eval_steps": "5",
+        "gradient_checkpointing": True,
+    }
     if command != "pretrain":
         values["model"] = "org/model"
     cfg = resolve(command, values)

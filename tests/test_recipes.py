@@ -18,7 +18,7 @@ def recipe_command(path: Path) -> str:
     first = path.read_text().splitlines()[0]
     prefix = "# posttrainllm "
     assert first.startswith(prefix) and first.endswith(f"--recipe recipes/{path.name}"), first
-    return first[len(prefix):].split()[0]
+    return first[len(prefix) :].split()[0]
 
 
 def test_there_are_curated_recipes_for_each_kind():
@@ -89,17 +89,22 @@ def test_unknown_key_and_bad_value_are_all_reported(tmp_path):
         assert key in r.output.split("valid recipe keys")[1]
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("- a\n- b\n", "must be a mapping"),
-    ("llrd: [0.9\n", "invalid YAML"),
-    ("llrd: 1.7\n", "[0.5, 1.0]"),
-    ("bogus: 1\n", "unknown key 'bogus'"),
-    ("beta: 0.1\n", "another command"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("- a\n- b\n", "must be a mapping"),
+        ("llrd: [0.9\n", "invalid YAML"),
+        ("llrd: 1.7\n", "[0.5, 1.0]"),
+        ("bogus: 1\n", "unknown key 'bogus'"),
+        ("beta: 0.1\n", "another command"),
+    ],
+)
 def test_bad_recipes_exit_2(content, fragment, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(content)
-    r = runner.invoke(app, ["sft", "--recipe", str(recipe), "--model", "org/m", "--dataset", "org/d", "--output-dir", "o"])
+    r = runner.invoke(
+        app, ["sft", "--recipe", str(recipe), "--model", "org/m", "--dataset", "org/d", "--output-dir", "o"]
+    )
     assert r.exit_code == 2
     assert fragment in r.output
 

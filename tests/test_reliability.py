@@ -20,8 +20,33 @@ MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "config.json", "trainin
 
 
 def _cmd(model_dir, text_file, out, *extra):
-    return [sys.executable, "-m", "posttrainllm", "finetune", "--model", str(model_dir), "--dataset", str(text_file), "--output-dir", str(out),
-            "--max-steps", "24", "--save-steps", "8", "--batch-size", "2", "--max-length", "64", "--logging-steps", "1", "--lr", "1e-3", "--llrd", "0.8", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "posttrainllm",
+        "finetune",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        str(text_file),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "24",
+        "--save-steps",
+        "8",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "64",
+        "--logging-steps",
+        "1",
+        "--lr",
+        "1e-3",
+        "--llrd",
+        "0.8",
+        *extra,
+    ]
 
 
 def _losses(out):
@@ -36,7 +61,9 @@ def test_sigterm_then_resume_matches_uninterrupted_run(tiny_model_dir, text_file
     subprocess.run(_cmd(tiny_model_dir, text_file, ref), check=True, capture_output=True, env=env)
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cmd(tiny_model_dir, text_file, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    proc = subprocess.Popen(
+        _cmd(tiny_model_dir, text_file, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+    )
     deadline = time.time() + 300
     while not (out / "checkpoint-8" / "COMPLETE").exists():
         assert proc.poll() is None, proc.stdout.read()
@@ -70,7 +97,23 @@ def test_resume_with_other_lr_is_refused(tmp_path):
     (out / "checkpoint-8").mkdir(parents=True)
     (out / "checkpoint-8" / "COMPLETE").write_text("{}")
     (out / "run_config.json").write_text(json.dumps({"command": "sft", "lr": 1e-4, "llrd": 0.9, "model": "org/m"}))
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", str(out), "--resume", "--lr", "3e-4", "--llrd", "0.9"])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            "org/m",
+            "--dataset",
+            "org/d",
+            "--output-dir",
+            str(out),
+            "--resume",
+            "--lr",
+            "3e-4",
+            "--llrd",
+            "0.9",
+        ],
+    )
     assert r.exit_code == 2
     assert "lr: 0.0001 → 0.0003" in r.output and "--allow-config-change" in r.output
 
@@ -89,7 +132,21 @@ def _snapshot(d: Path):
 @pytest.mark.smoke
 def test_rerun_into_finished_dir_changes_nothing(tiny_model_dir, alpaca_file, tmp_path):
     out = tmp_path / "o"
-    args = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--max-steps", "1", "--batch-size", "2", "--max-length", "256"]
+    args = [
+        "sft",
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(alpaca_file),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "256",
+    ]
     assert runner.invoke(app, args).exit_code == 0
     before = _snapshot(out)
     r = runner.invoke(app, args)
@@ -113,7 +170,9 @@ def _bad_inputs(root: Path, model: Path, alpaca: Path, prefs: Path):
     binary = root / "blob.jsonl"
     binary.write_bytes(bytes(range(256)) * 4)
     broken = root / "broken.jsonl"
-    broken.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "c", "completion": "d"}\n{"prompt": "e", "completion": \n')
+    broken.write_text(
+        '{"prompt": "a", "completion": "b"}\n{"prompt": "c", "completion": "d"}\n{"prompt": "e", "completion": \n'
+    )
     question = root / "question.jsonl"
     question.write_text('{"question": "why?"}\n')
     not_mapping = root / "list.yaml"
@@ -201,7 +260,21 @@ def test_bad_input_exits_cleanly_and_writes_no_model(index, bad_input_cases, tmp
 
 def test_debug_shows_the_traceback(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"question": "x"}\n')
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", str(tmp_path / "d.jsonl"), "--output-dir", str(tmp_path / "o"), "--lr", "0", "--debug"])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            "org/m",
+            "--dataset",
+            str(tmp_path / "d.jsonl"),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--lr",
+            "0",
+            "--debug",
+        ],
+    )
     assert r.exit_code != 0
     assert r.exception is not None  # raised, not swallowed
 
@@ -211,9 +284,38 @@ def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
     """torchrun --nproc_per_node 2 (gloo): exits 0, ranks agree on the groups, only rank 0 prints and writes."""
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533", "-m", "posttrainllm", "sft",
-                        "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out), "--llrd", "0.9",
-                        "--max-steps", "2", "--batch-size", "2", "--max-length", "256"], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29533",
+            "-m",
+            "posttrainllm",
+            "sft",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(out),
+            "--llrd",
+            "0.9",
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("LR layer-decay: γ=0.9") == 1  # banner on rank 0 only
     assert r.stdout.count("run summary") == 1  # the end-of-run table on rank 0 only
@@ -226,8 +328,27 @@ def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
 @pytest.mark.smoke
 def test_allow_config_change_applies_the_new_group_lrs_on_resume(tiny_model_dir, text_file, tmp_path):
     out = tmp_path / "o"
-    common = ["finetune", "--model", str(tiny_model_dir), "--dataset", str(text_file), "--output-dir", str(out), "--batch-size", "2", "--max-length", "64",
-              "--logging-steps", "1", "--save-steps", "2", "--llrd", "0.5", "--lr-scheduler", "constant"]
+    common = [
+        "finetune",
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(text_file),
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "2",
+        "--max-length",
+        "64",
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "2",
+        "--llrd",
+        "0.5",
+        "--lr-scheduler",
+        "constant",
+    ]
     assert runner.invoke(app, common + ["--max-steps", "2", "--lr", "1e-3"]).exit_code == 0
     refused = runner.invoke(app, common + ["--max-steps", "4", "--lr", "2e-3", "--resume"])
     assert refused.exit_code == 2 and "--allow-config-change" in refused.output
@@ -241,20 +362,28 @@ def test_allow_config_change_applies_the_new_group_lrs_on_resume(tiny_model_dir,
 def _engine(deepspeed_config=None, fsdp_version=None, use_orig_params=False):
     from types import SimpleNamespace
 
-    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=deepspeed_config or {}),
-                            fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version, use_orig_params=use_orig_params))
-    return SimpleNamespace(is_deepspeed_enabled=deepspeed_config is not None, is_fsdp_enabled=fsdp_version is not None,
-                           accelerator=SimpleNamespace(state=state))
+    state = SimpleNamespace(
+        deepspeed_plugin=SimpleNamespace(deepspeed_config=deepspeed_config or {}),
+        fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version, use_orig_params=use_orig_params),
+    )
+    return SimpleNamespace(
+        is_deepspeed_enabled=deepspeed_config is not None,
+        is_fsdp_enabled=fsdp_version is not None,
+        accelerator=SimpleNamespace(state=state),
+    )
 
 
-@pytest.mark.parametrize("trainer,llrd,refused", [
-    (_engine(deepspeed_config={"optimizer": {"type": "AdamW"}}), True, "DeepSpeed"),
-    (_engine(deepspeed_config={"optimizer": {"type": "AdamW"}}), False, None),
-    (_engine(deepspeed_config={"zero_optimization": {"stage": 2}}), True, None),
-    (_engine(fsdp_version=1, use_orig_params=False), True, "use_orig_params"),
-    (_engine(fsdp_version=1, use_orig_params=True), True, None),
-    (_engine(fsdp_version=2), True, None),
-])
+@pytest.mark.parametrize(
+    "trainer,llrd,refused",
+    [
+        (_engine(deepspeed_config={"optimizer": {"type": "AdamW"}}), True, "DeepSpeed"),
+        (_engine(deepspeed_config={"optimizer": {"type": "AdamW"}}), False, None),
+        (_engine(deepspeed_config={"zero_optimization": {"stage": 2}}), True, None),
+        (_engine(fsdp_version=1, use_orig_params=False), True, "use_orig_params"),
+        (_engine(fsdp_version=1, use_orig_params=True), True, None),
+        (_engine(fsdp_version=2), True, None),
+    ],
+)
 def test_distributed_engines_that_would_drop_the_groups_are_refused(trainer, llrd, refused):
     from posttrainllm.errors import UsageError
     from posttrainllm.trainers import check_distributed_engine

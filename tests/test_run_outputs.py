@@ -13,20 +13,42 @@ runner = CliRunner()
 
 
 def _run(cmd, model, data, out, *extra):
-    r = runner.invoke(app, [cmd, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--max-steps", "3",
-                            "--batch-size", "4", "--max-length", "128", "--lr", "1e-3", *extra])
+    r = runner.invoke(
+        app,
+        [
+            cmd,
+            "--model",
+            str(model),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "128",
+            "--lr",
+            "1e-3",
+            *extra,
+        ],
+    )
     assert r.exit_code == 0, r.output
     return r.output
 
 
-@pytest.mark.parametrize("cmd,data_fixture,extra", [
-    ("sft", "alpaca_file", ["--llrd", "0.5"]),
-    ("sft", "alpaca_file", ["--llrd", "0.5", "--lora-r", "2"]),
-    ("dpo", "preference_file", ["--llrd", "0.5"]),
-    ("dpo", "preference_file", ["--llrd", "0.5", "--lora-r", "2"]),
-    ("finetune", "text_file", ["--llrd", "0.5"]),
-    ("finetune", "text_file", ["--llrd", "0.5", "--lora-r", "2"]),
-])
+@pytest.mark.parametrize(
+    "cmd,data_fixture,extra",
+    [
+        ("sft", "alpaca_file", ["--llrd", "0.5"]),
+        ("sft", "alpaca_file", ["--llrd", "0.5", "--lora-r", "2"]),
+        ("dpo", "preference_file", ["--llrd", "0.5"]),
+        ("dpo", "preference_file", ["--llrd", "0.5", "--lora-r", "2"]),
+        ("finetune", "text_file", ["--llrd", "0.5"]),
+        ("finetune", "text_file", ["--llrd", "0.5", "--lora-r", "2"]),
+    ],
+)
 def test_drift_report_for_every_command_full_and_lora(cmd, data_fixture, extra, tiny_model_dir, tmp_path, request):
     out = tmp_path / "o"
     text = _run(cmd, tiny_model_dir, request.getfixturevalue(data_fixture), out, *extra)
@@ -57,9 +79,19 @@ def test_model_card_names_the_base_model_and_holds_the_lr_table(tiny_model_dir, 
 def test_hub_base_model_goes_into_the_front_matter():
     from posttrainllm.model_card import render
 
-    card = render(command="dpo", argv=["dpo"], recipe="recipes/dpo-llrd.yaml", base_model="Qwen/Qwen2.5-0.5B", plan=None,
-                  data={"source": "d.jsonl", "format": "preference", "n_train": 10, "n_eval": 0}, metrics={"train_loss": 0.5})
-    assert "base_model: Qwen/Qwen2.5-0.5B" in card and "[Qwen/Qwen2.5-0.5B](https://huggingface.co/Qwen/Qwen2.5-0.5B)" in card
+    card = render(
+        command="dpo",
+        argv=["dpo"],
+        recipe="recipes/dpo-llrd.yaml",
+        base_model="Qwen/Qwen2.5-0.5B",
+        plan=None,
+        data={"source": "d.jsonl", "format": "preference", "n_train": 10, "n_eval": 0},
+        metrics={"train_loss": 0.5},
+    )
+    assert (
+        "base_model: Qwen/Qwen2.5-0.5B" in card
+        and "[Qwen/Qwen2.5-0.5B](https://huggingface.co/Qwen/Qwen2.5-0.5B)" in card
+    )
     assert "Recipe: `recipes/dpo-llrd.yaml`" in card and "- dpo" in card and "- llrd" not in card
 
 
@@ -84,7 +116,22 @@ def test_forgetting_report_reaches_tensorboard(tiny_model_dir, alpaca_file, tmp_
 def test_the_recipe_in_use_is_in_the_banner(tiny_model_dir, alpaca_file, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("llrd: 0.8\n")
-    r = runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "o"),
-                            "--recipe", str(recipe), "--dry-run", "--max-length", "128"])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--recipe",
+            str(recipe),
+            "--dry-run",
+            "--max-length",
+            "128",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert f"recipe     {recipe}" in r.output

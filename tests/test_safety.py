@@ -26,12 +26,36 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def snapshot(d: Path) -> dict:
     """Every regular file under d (hidden ones included): bytes digest and mtime."""
-    return {str(p.relative_to(d)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(d)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
 
 
 def finetune_args(model, data, out, *extra):
-    return ["finetune", "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--max-steps", "2", "--save-steps", "1",
-            "--batch-size", "2", "--max-length", "64", "--logging-steps", "1", "--lr", "1e-3", *extra]
+    return [
+        "finetune",
+        "--model",
+        str(model),
+        "--dataset",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "2",
+        "--save-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "64",
+        "--logging-steps",
+        "1",
+        "--lr",
+        "1e-3",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +99,12 @@ def test_overwrite_refuses_when_an_input_lives_in_the_output_dir(finished, corpu
     inside.write_text(corpus.read_text())
     before = snapshot(finished)
     args = finetune_args(tiny_model_dir, inside if key == "--dataset" else corpus, finished, "--overwrite")
-    extra = {"--eval-dataset": ["--eval-dataset", str(inside)], "--replay-dataset": ["--replay-dataset", str(inside), "--replay-ratio", "0.2"],
-             "--ref-model": ["--ref-model", str(finished / "checkpoint-1")], "--ood-eval": ["--ood-eval", str(inside)]}.get(key, [])
+    extra = {
+        "--eval-dataset": ["--eval-dataset", str(inside)],
+        "--replay-dataset": ["--replay-dataset", str(inside), "--replay-ratio", "0.2"],
+        "--ref-model": ["--ref-model", str(finished / "checkpoint-1")],
+        "--ood-eval": ["--ood-eval", str(inside)],
+    }.get(key, [])
     if key == "--ref-model":
         args[0] = "dpo"
     r = runner.invoke(app, [*args, *extra])
@@ -117,7 +145,9 @@ def test_overwrite_refuses_a_finished_run_with_a_user_file_added(finished, tiny_
 @pytest.mark.smoke
 def test_overwrite_failing_before_its_first_checkpoint_puts_the_old_run_back(finished, tiny_model_dir, corpus):
     before = snapshot(finished)
-    r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, finished, "--overwrite", "--lr", "1e10", "--save-steps", "100"))
+    r = runner.invoke(
+        app, finetune_args(tiny_model_dir, corpus, finished, "--overwrite", "--lr", "1e10", "--save-steps", "100")
+    )
     assert r.exit_code == 1 and "diverged" in r.output, r.output
     assert "put back" in r.output
     assert snapshot(finished) == before
@@ -139,7 +169,11 @@ def test_overwrite_keeps_the_old_contents_until_the_new_final_save(finished, tin
     assert r.exit_code == 1, r.output
     slot = finished / ".posttrainllm" / "replaced-1"
     assert "replaced-1" in r.output and "kept" in r.output
-    kept = {k.removeprefix(".posttrainllm/replaced-1/"): v for k, v in snapshot(finished).items() if k.startswith(".posttrainllm/replaced-1/")}
+    kept = {
+        k.removeprefix(".posttrainllm/replaced-1/"): v
+        for k, v in snapshot(finished).items()
+        if k.startswith(".posttrainllm/replaced-1/")
+    }
     old_manifest = before.pop(".posttrainllm/manifest.json")
     assert kept.pop(".posttrainllm-manifest.json") == old_manifest
     assert kept == before
@@ -153,7 +187,9 @@ def test_overwrite_keeps_the_old_contents_until_the_new_final_save(finished, tin
 
 def test_overwrite_replaces_a_finished_run_and_drops_the_old_one_after_success(finished, tiny_model_dir, corpus):
     old = json.loads((finished / "training_complete.json").read_text())
-    r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, finished, "--overwrite", "--max-steps", "3", "--save-steps", "5"))
+    r = runner.invoke(
+        app, finetune_args(tiny_model_dir, corpus, finished, "--overwrite", "--max-steps", "3", "--save-steps", "5")
+    )
     assert r.exit_code == 0, r.output
     assert json.loads((finished / "training_complete.json").read_text())["global_step"] == 3 != old["global_step"]
     assert not (finished / "checkpoint-1").exists()  # the old run's checkpoints went with it
@@ -179,12 +215,21 @@ def test_a_hard_killed_overwrite_is_undone_by_the_next_run(finished, tiny_model_
 @pytest.mark.smoke
 def test_a_second_run_into_a_busy_output_dir_exits_2_naming_the_holder(tiny_model_dir, corpus, tmp_path):
     out = tmp_path / "busy"
-    cmd = [sys.executable, "-m", "posttrainllm", *finetune_args(tiny_model_dir, corpus, out, "--max-steps", "5000", "--save-steps", "100000", "--logging-steps", "1000")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "posttrainllm",
+        *finetune_args(
+            tiny_model_dir, corpus, out, "--max-steps", "5000", "--save-steps", "100000", "--logging-steps", "1000"
+        ),
+    ]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     try:
         deadline = time.time() + 120
         while not (out / "param_groups.json").exists():
-            assert first.poll() is None and time.time() < deadline, first.stdout.read() if first.poll() is not None else "timeout"
+            assert first.poll() is None and time.time() < deadline, (
+                first.stdout.read() if first.poll() is not None else "timeout"
+            )
             time.sleep(0.05)
         t0 = time.time()
         second = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120, check=False)
@@ -201,8 +246,10 @@ def test_a_second_run_into_a_busy_output_dir_exits_2_naming_the_holder(tiny_mode
 
 def test_the_lock_of_a_dead_process_is_taken_over(tiny_model_dir, corpus, tmp_path):
     out = tmp_path / "orphan"
-    code = ("import sys, time; from pathlib import Path; from posttrainllm.outdir import Lock; "
-            "Lock(Path(sys.argv[1])).acquire('x'); print('locked', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from pathlib import Path; from posttrainllm.outdir import Lock; "
+        "Lock(Path(sys.argv[1])).acquire('x'); print('locked', flush=True); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=ENV)
     assert holder.stdout.readline().strip() == "locked"
     r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, out))
@@ -224,8 +271,25 @@ def test_torchrun_ranks_respect_the_lock_without_hanging(tiny_model_dir, corpus,
     lock.acquire(str(out))
     try:
         t0 = time.time()
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541", "-m", "posttrainllm",
-                            *finetune_args(tiny_model_dir, corpus, out)], capture_output=True, text=True, env=ENV, timeout=300, check=False)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--master_port",
+                "29541",
+                "-m",
+                "posttrainllm",
+                *finetune_args(tiny_model_dir, corpus, out),
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=300,
+            check=False,
+        )
     finally:
         lock.release()
     assert r.returncode != 0
@@ -269,7 +333,9 @@ def test_divergence_exits_1_keeps_the_last_good_checkpoint_and_writes_no_model(t
     from safetensors.torch import load_file
 
     out = tmp_path / "nan"
-    r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, out, "--lr", "1e10", "--max-steps", "6", "--logging-steps", "50"))
+    r = runner.invoke(
+        app, finetune_args(tiny_model_dir, corpus, out, "--lr", "1e10", "--max-steps", "6", "--logging-steps", "50")
+    )
     assert r.exit_code == 1, r.output
     assert "diverged" in r.output and "at step 2" in r.output and "--lr" in r.output and "--precision fp32" in r.output
     assert "checkpoint-1" in r.output
@@ -281,8 +347,25 @@ def test_divergence_exits_1_keeps_the_last_good_checkpoint_and_writes_no_model(t
 
 def test_divergence_between_logging_steps_is_caught(tiny_model_dir, corpus, tmp_path):
     out = tmp_path / "nan2"
-    r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, out, "--lr", "1e10", "--max-steps", "4", "--save-steps", "100", "--logging-steps", "3"))
-    assert r.exit_code == 1 and "between steps 2 and 3" in r.output and "no checkpoint had been saved" in r.output, r.output
+    r = runner.invoke(
+        app,
+        finetune_args(
+            tiny_model_dir,
+            corpus,
+            out,
+            "--lr",
+            "1e10",
+            "--max-steps",
+            "4",
+            "--save-steps",
+            "100",
+            "--logging-steps",
+            "3",
+        ),
+    )
+    assert r.exit_code == 1 and "between steps 2 and 3" in r.output and "no checkpoint had been saved" in r.output, (
+        r.output
+    )
     assert not (out / "training_complete.json").exists() and not list(out.glob("checkpoint-*"))
 
 
@@ -316,14 +399,23 @@ def test_resuming_a_finished_run_changes_nothing(finished, tiny_model_dir, corpu
 def test_resuming_from_a_checkpoint_at_max_steps_only_writes_the_final_model(finished, tiny_model_dir, corpus):
     from safetensors.torch import load_file
 
-    for name in ("training_complete.json", "model.safetensors", "config.json", "trainer_state.json", "eval_results.json"):
+    for name in (
+        "training_complete.json",
+        "model.safetensors",
+        "config.json",
+        "trainer_state.json",
+        "eval_results.json",
+    ):
         (finished / name).unlink()  # a crash during the final save
     r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, finished, "--resume"))
     assert r.exit_code == 0, r.output
     assert json.loads((finished / "training_complete.json").read_text())["global_step"] == 2
     assert json.loads((finished / "trainer_state.json").read_text())["global_step"] == 2
     assert not (finished / "checkpoint-3").exists()
-    final, ckpt = load_file(str(finished / "model.safetensors")), load_file(str(finished / "checkpoint-2" / "model.safetensors"))
+    final, ckpt = (
+        load_file(str(finished / "model.safetensors")),
+        load_file(str(finished / "checkpoint-2" / "model.safetensors")),
+    )
     assert all((final[k] == ckpt[k]).all() for k in ckpt)
 
 
@@ -333,7 +425,9 @@ def test_resume_skips_a_checkpoint_whose_files_are_not_what_its_marker_lists(dam
     out = tmp_path / "o"
     args = finetune_args(tiny_model_dir, corpus, out, "--max-steps", "4", "--save-steps", "2")
     assert runner.invoke(app, args).exit_code == 0
-    reference = {h["step"]: h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h}
+    reference = {
+        h["step"]: h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h
+    }
     for name in ("training_complete.json", "model.safetensors", "config.json"):
         (out / name).unlink()
     verb, name = damage.split()
@@ -345,7 +439,9 @@ def test_resume_skips_a_checkpoint_whose_files_are_not_what_its_marker_lists(dam
     r = runner.invoke(app, [*args, "--resume"])
     assert r.exit_code == 0, r.output
     assert "skipped" in r.output and "checkpoint-4" in r.output and name in r.output
-    got = {h["step"]: h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h}
+    got = {
+        h["step"]: h["loss"] for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h
+    }
     assert got[3] == pytest.approx(reference[3], abs=1e-5) and got[4] == pytest.approx(reference[4], abs=1e-5)
 
 
@@ -362,7 +458,12 @@ def test_checkpoint_markers_list_files_and_sizes(finished):
 
 
 def test_allow_config_change_records_the_new_settings_and_keeps_the_old_as_history(finished, tiny_model_dir, corpus):
-    r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, finished, "--resume", "--allow-config-change", "--max-steps", "3", "--lr", "2e-3"))
+    r = runner.invoke(
+        app,
+        finetune_args(
+            tiny_model_dir, corpus, finished, "--resume", "--allow-config-change", "--max-steps", "3", "--lr", "2e-3"
+        ),
+    )
     assert r.exit_code == 0, r.output
     saved = json.loads((finished / "run_config.json").read_text())
     assert saved["lr"] == 2e-3 and saved["max_steps"] == 3
@@ -391,27 +492,82 @@ def test_fifos_sockets_and_devices_are_refused_before_they_are_opened(tiny_model
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(sock_path))
     try:
-        r = _with_alarm(60, lambda: runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(fifo), "--eval-dataset", "/dev/zero",
-                                                        "--replay-dataset", str(fifo), "--replay-ratio", "0.2", "--ood-eval", str(sock_path), "--output-dir", str(tmp_path / "o")]))
+        r = _with_alarm(
+            60,
+            lambda: runner.invoke(
+                app,
+                [
+                    "sft",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--dataset",
+                    str(fifo),
+                    "--eval-dataset",
+                    "/dev/zero",
+                    "--replay-dataset",
+                    str(fifo),
+                    "--replay-ratio",
+                    "0.2",
+                    "--ood-eval",
+                    str(sock_path),
+                    "--output-dir",
+                    str(tmp_path / "o"),
+                ],
+            ),
+        )
         assert r.exit_code == 2, r.output
-        for fragment in (f"--dataset {fifo} is a FIFO", "--eval-dataset /dev/zero is a character device", f"--replay-dataset {fifo} is a FIFO", f"--ood-eval {sock_path} is a socket"):
+        for fragment in (
+            f"--dataset {fifo} is a FIFO",
+            "--eval-dataset /dev/zero is a character device",
+            f"--replay-dataset {fifo} is a FIFO",
+            f"--ood-eval {sock_path} is a socket",
+        ):
             assert fragment in r.output, r.output
-        r = _with_alarm(60, lambda: runner.invoke(app, ["eval", "--model", str(tiny_model_dir), "--text", str(fifo), "--sft-dataset", "/dev/zero"]))
-        assert r.exit_code == 2 and "--text" in r.output and "--sft-dataset /dev/zero is a character device" in r.output, r.output
-        r = _with_alarm(60, lambda: runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(corpus), "--recipe", str(fifo)]))
+        r = _with_alarm(
+            60,
+            lambda: runner.invoke(
+                app, ["eval", "--model", str(tiny_model_dir), "--text", str(fifo), "--sft-dataset", "/dev/zero"]
+            ),
+        )
+        assert (
+            r.exit_code == 2 and "--text" in r.output and "--sft-dataset /dev/zero is a character device" in r.output
+        ), r.output
+        r = _with_alarm(
+            60,
+            lambda: runner.invoke(
+                app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(corpus), "--recipe", str(fifo)]
+            ),
+        )
         assert r.exit_code == 2 and "is a FIFO" in r.output, r.output
-        r = _with_alarm(60, lambda: runner.invoke(app, ["finetune", "--model", str(tiny_model_dir), "--dataset", "/dev/zero", "--output-dir", str(tmp_path / "z")]))
+        r = _with_alarm(
+            60,
+            lambda: runner.invoke(
+                app,
+                [
+                    "finetune",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--dataset",
+                    "/dev/zero",
+                    "--output-dir",
+                    str(tmp_path / "z"),
+                ],
+            ),
+        )
         assert r.exit_code == 2 and "character device" in r.output, r.output
     finally:
         sock.close()
     assert not (tmp_path / "o").exists() and not (tmp_path / "z").exists()
 
 
-BOMB = "\n".join(
-    ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
-    + [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
-    + ["lr: *i"]
-) + "\n"
+BOMB = (
+    "\n".join(
+        ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+        + [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+        + ["lr: *i"]
+    )
+    + "\n"
+)
 
 
 def _limit_memory():
@@ -423,8 +579,15 @@ def test_a_yaml_alias_bomb_recipe_is_refused_quickly_in_bounded_memory(tmp_path)
     recipe.write_text(BOMB)
     assert len(BOMB) < 600
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "posttrainllm", "sft", "--recipe", str(recipe), "--model", "m/x", "--dataset", "d/x"],
-                       capture_output=True, text=True, env=ENV, timeout=120, preexec_fn=_limit_memory, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "sft", "--recipe", str(recipe), "--model", "m/x", "--dataset", "d/x"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        preexec_fn=_limit_memory,
+        check=False,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "aliases" in r.stderr and "Traceback" not in r.stderr
     assert time.time() - t0 < 30
@@ -469,7 +632,14 @@ def test_eval_json_reports_an_infinite_perplexity_as_null_with_a_reason():
     from posttrainllm.evaluate import json_ready
 
     out = json_ready({"a.txt": {"perplexity": float("inf"), "nll": 800.0, "tokens": 3}})
-    assert json.loads(json.dumps(out, allow_nan=False)) == {"a.txt": {"perplexity": None, "nll": 800.0, "tokens": 3, "not_finite": {"perplexity": "infinite: exp(mean NLL) overflows"}}}
+    assert json.loads(json.dumps(out, allow_nan=False)) == {
+        "a.txt": {
+            "perplexity": None,
+            "nll": 800.0,
+            "tokens": 3,
+            "not_finite": {"perplexity": "infinite: exp(mean NLL) overflows"},
+        }
+    }
 
 
 def test_a_negative_seed_is_a_usage_error(tiny_model_dir, corpus, tmp_path):
@@ -478,7 +648,9 @@ def test_a_negative_seed_is_a_usage_error(tiny_model_dir, corpus, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_an_output_dir_that_cannot_be_created_is_exit_2_before_the_model_loads(tiny_model_dir, corpus, tmp_path, monkeypatch):
+def test_an_output_dir_that_cannot_be_created_is_exit_2_before_the_model_loads(
+    tiny_model_dir, corpus, tmp_path, monkeypatch
+):
     from posttrainllm import models
 
     def not_expected(*a, **k):
@@ -509,7 +681,10 @@ def test_a_read_only_output_dir_is_exit_2(tiny_model_dir, corpus, tmp_path):
 def test_a_second_sigterm_during_the_checkpoint_save_still_exits_143():
     from posttrainllm.checkpoints import EXIT_SIGTERM, InterruptGuard
 
-    with pytest.raises(BaseException) as stopped, InterruptGuard() as guard:  # BaseException: the old code raised KeyboardInterrupt
+    with (
+        pytest.raises(BaseException) as stopped,
+        InterruptGuard() as guard,
+    ):  # BaseException: the old code raised KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGTERM)  # first: finish the step, save, exit 143
         assert guard.signum == signal.SIGTERM
         time.sleep(guard.REPEAT_S + 0.1)
@@ -538,14 +713,32 @@ def test_a_tokenizer_without_pad_or_eos_trains(tiny_model_dir, tmp_path, alpaca_
     for key in ("eos_token", "pad_token", "bos_token"):
         conf.pop(key, None)
     (model / "tokenizer_config.json").write_text(json.dumps(conf))
-    r = runner.invoke(app, ["sft", "--model", str(model), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "o"), "--max-steps", "1",
-                            "--batch-size", "2", "--max-length", "128"])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(model),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "128",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "no EOS token" in r.output
 
 
 def test_an_offline_hub_id_that_is_not_cached_is_a_usage_error(corpus, tmp_path):
-    r = runner.invoke(app, ["finetune", "--model", "owner/name", "--dataset", str(corpus), "--output-dir", str(tmp_path / "o")])
+    r = runner.invoke(
+        app, ["finetune", "--model", "owner/name", "--dataset", str(corpus), "--output-dir", str(tmp_path / "o")]
+    )
     assert r.exit_code == 2, r.output
     assert "not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)" in r.output
     assert not (tmp_path / "o").exists()

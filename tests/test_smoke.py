@@ -20,7 +20,11 @@ def weights(d):
 
 def block_change(before, after, block, kind="relative"):
     """Relative (‖ΔW‖/‖W‖ over the block's matrices) or max-abs change of a block's weights."""
-    names = [n for n in before if (f"layers.{block}." in n if isinstance(block, int) else block in n) and before[n].dim() == 2]
+    names = [
+        n
+        for n in before
+        if (f"layers.{block}." in n if isinstance(block, int) else block in n) and before[n].dim() == 2
+    ]
     assert names, block
     if kind == "max":
         return max((after[n] - before[n]).abs().max().item() for n in names)
@@ -30,7 +34,25 @@ def block_change(before, after, block, kind="relative"):
 
 
 def train(cmd, model_dir, data, out, *extra):
-    r = runner.invoke(app, [cmd, "--model", str(model_dir), "--dataset", str(data), "--output-dir", str(out), "--batch-size", "4", "--max-length", "256", "--logging-steps", "1", *extra])
+    r = runner.invoke(
+        app,
+        [
+            cmd,
+            "--model",
+            str(model_dir),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--batch-size",
+            "4",
+            "--max-length",
+            "256",
+            "--logging-steps",
+            "1",
+            *extra,
+        ],
+    )
     assert r.exit_code == 0, r.output
     return r.output
 
@@ -86,7 +108,30 @@ def test_pretrain_builds_tokenizer_and_model(text_file, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "pt"
-    r = runner.invoke(app, ["pretrain", "--dataset", str(text_file), "--output-dir", str(out), "--model-config", "tiny", "--vocab-size", "300", "--max-length", "32", "--batch-size", "4", "--max-steps", "3", "--lr-layer-decay", "0.5", "--lr", "1e-3"])
+    r = runner.invoke(
+        app,
+        [
+            "pretrain",
+            "--dataset",
+            str(text_file),
+            "--output-dir",
+            str(out),
+            "--model-config",
+            "tiny",
+            "--vocab-size",
+            "300",
+            "--max-length",
+            "32",
+            "--batch-size",
+            "4",
+            "--max-steps",
+            "3",
+            "--lr-layer-decay",
+            "0.5",
+            "--lr",
+            "1e-3",
+        ],
+    )
     assert r.exit_code == 0, r.output
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)

@@ -20,9 +20,33 @@ def ood_file(tmp_path):
 
 
 def _grid(model, data, ood, out, *extra):
-    return ["sweep", "sft", "--model", str(model), "--dataset", str(data), "--eval-split", "0.25", "--ood-eval", str(ood),
-            "--llrd", "1.0,0.5", "--lr", "1e-3,3e-3", "--max-steps", "3", "--batch-size", "4", "--max-length", "128",
-            "--output-dir", str(out), "--jobs", "2", *extra]
+    return [
+        "sweep",
+        "sft",
+        "--model",
+        str(model),
+        "--dataset",
+        str(data),
+        "--eval-split",
+        "0.25",
+        "--ood-eval",
+        str(ood),
+        "--llrd",
+        "1.0,0.5",
+        "--lr",
+        "1e-3,3e-3",
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "128",
+        "--output-dir",
+        str(out),
+        "--jobs",
+        "2",
+        *extra,
+    ]
 
 
 def _recompute(cells, max_forgetting):
@@ -93,13 +117,18 @@ def test_sweep_runs_skips_done_cells_and_recommends_from_its_numbers(tiny_model_
     assert "4 already done, 2 to run" in third.output
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--llrd", "1.0,0.3"], "[0.5, 1.0]"),
-    (["--lr", "fast"], "comma-separated list of numbers"),
-    (["--overwrite"], "not available in a sweep"),
-    (["--jobs", "0"], "--jobs must be >= 1"),
-])
-def test_sweep_validates_every_cell_before_running_anything(extra, fragment, tiny_model_dir, alpaca_file, ood_file, tmp_path):
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--llrd", "1.0,0.3"], "[0.5, 1.0]"),
+        (["--lr", "fast"], "comma-separated list of numbers"),
+        (["--overwrite"], "not available in a sweep"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
+    ],
+)
+def test_sweep_validates_every_cell_before_running_anything(
+    extra, fragment, tiny_model_dir, alpaca_file, ood_file, tmp_path
+):
     args = _grid(tiny_model_dir, alpaca_file, ood_file, tmp_path / "s")
     for flag, value in zip(extra[::2], extra[1::2] + [None] * len(extra)):
         if flag in args and value is not None:
@@ -112,8 +141,21 @@ def test_sweep_validates_every_cell_before_running_anything(extra, fragment, tin
 
 
 def test_sweep_needs_in_domain_eval_and_ood_files(tiny_model_dir, alpaca_file, tmp_path):
-    r = runner.invoke(app, ["sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--lr", "1e-3",
-                            "--output-dir", str(tmp_path / "s")])
+    r = runner.invoke(
+        app,
+        [
+            "sweep",
+            "sft",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--lr",
+            "1e-3",
+            "--output-dir",
+            str(tmp_path / "s"),
+        ],
+    )
     assert r.exit_code == 2
     assert "--eval-split" in r.output and "--ood-eval" in r.output
 
@@ -121,7 +163,11 @@ def test_sweep_needs_in_domain_eval_and_ood_files(tiny_model_dir, alpaca_file, t
 def test_replay_ratio_zero_cells_run_without_the_replay_dataset(tmp_path):
     from posttrainllm.sweep import Cell, SweepSpec
 
-    spec = SweepSpec("sft", [1.0], [1e-3], [0.0, 0.25], [0], 1, 5.0, tmp_path, ["--model", "m", "--replay-dataset", "r.txt"])
+    spec = SweepSpec(
+        "sft", [1.0], [1e-3], [0.0, 0.25], [0], 1, 5.0, tmp_path, ["--model", "m", "--replay-dataset", "r.txt"]
+    )
     no_replay, replay = spec.argv(Cell(1.0, 1e-3, 0.0, 0)), spec.argv(Cell(1.0, 1e-3, 0.25, 0))
     assert "--replay-dataset" not in no_replay and "--replay-ratio" not in no_replay
-    assert replay[replay.index("--replay-dataset") + 1] == "r.txt" and replay[replay.index("--replay-ratio") + 1] == "0.25"
+    assert (
+        replay[replay.index("--replay-dataset") + 1] == "r.txt" and replay[replay.index("--replay-ratio") + 1] == "0.25"
+    )

@@ -28,20 +28,50 @@ def captured_trainer(monkeypatch):
 
 
 def _sft(model, data, out, *extra):
-    return runner.invoke(app, ["sft", "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--max-steps", "1",
-                               "--batch-size", "2", "--max-length", "128", *extra])
+    return runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(model),
+            "--dataset",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--max-length",
+            "128",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.smoke
 def test_trainer_arg_reaches_the_trainer_and_run_config(captured_trainer, tiny_model_dir, alpaca_file, tmp_path):
-    r = _sft(tiny_model_dir, alpaca_file, tmp_path / "o", "--trainer-arg", "packing=true", "--trainer-arg", "neftune_noise_alpha=5",
-             "--trainer-arg", 'gradient_checkpointing_kwargs={"use_reentrant": false}')
+    r = _sft(
+        tiny_model_dir,
+        alpaca_file,
+        tmp_path / "o",
+        "--trainer-arg",
+        "packing=true",
+        "--trainer-arg",
+        "neftune_noise_alpha=5",
+        "--trainer-arg",
+        'gradient_checkpointing_kwargs={"use_reentrant": false}',
+    )
     assert r.exit_code == 0, r.output
     args = captured_trainer[0].args
     assert args.packing is True and args.neftune_noise_alpha == 5.0
     assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
     saved = json.loads((tmp_path / "o" / "run_config.json").read_text())["trainer_args"]
-    assert saved == {"packing": True, "neftune_noise_alpha": 5.0, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    assert saved == {
+        "packing": True,
+        "neftune_noise_alpha": 5.0,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    }
 
 
 def test_recipe_trainer_args_mapping_is_checked_the_same_way(tiny_model_dir, alpaca_file, tmp_path):
@@ -52,17 +82,32 @@ def test_recipe_trainer_args_mapping_is_checked_the_same_way(tiny_model_dir, alp
     assert "--trainer-arg packin: not a field of SFTConfig; did you mean packing" in r.output
 
 
-@pytest.mark.parametrize("arg,fragment", [
-    ("packin=true", "did you mean packing"),
-    ("learning_rate=1e-4", "set it with --lr"),
-    ("per_device_train_batch_size=4", "set it with --batch-size"),
-    ("packing=maybe", "packing=maybe: expected"),
-    ("neftune_noise_alpha=loud", "expected"),
-    ("noequals", "KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "arg,fragment",
+    [
+        ("packin=true", "did you mean packing"),
+        ("learning_rate=1e-4", "set it with --lr"),
+        ("per_device_train_batch_size=4", "set it with --batch-size"),
+        ("packing=maybe", "packing=maybe: expected"),
+        ("neftune_noise_alpha=loud", "expected"),
+        ("noequals", "KEY=VALUE"),
+    ],
+)
 def test_bad_trainer_args_exit_2_before_any_model_is_loaded(arg, fragment, tmp_path, alpaca_file):
-    r = runner.invoke(app, ["sft", "--model", "org/not-loaded", "--dataset", str(alpaca_file),
-                            "--output-dir", str(tmp_path / "o"), "--trainer-arg", arg])
+    r = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            "org/not-loaded",
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--trainer-arg",
+            arg,
+        ],
+    )
     assert r.exit_code == 2, r.output
     assert fragment in r.output and "Traceback" not in r.output
 
@@ -77,7 +122,9 @@ def test_trainer_args_are_checked_per_command(tmp_path, text_file):
 
 
 @pytest.mark.smoke
-def test_model_arg_reaches_from_pretrained_and_unknown_keys_are_refused(captured_trainer, tiny_model_dir, alpaca_file, tmp_path):
+def test_model_arg_reaches_from_pretrained_and_unknown_keys_are_refused(
+    captured_trainer, tiny_model_dir, alpaca_file, tmp_path
+):
     r = _sft(tiny_model_dir, alpaca_file, tmp_path / "o", "--model-arg", "attn_implementation=eager")
     assert r.exit_code == 0, r.output
     assert captured_trainer[0].model.config._attn_implementation == "eager"
@@ -93,9 +140,34 @@ def test_tensorboard_gets_every_depths_lr_following_the_schedule(tiny_model_dir,
 
     out = tmp_path / "o"
     steps, lr, gamma = 4, 1e-3, 0.5
-    r = runner.invoke(app, ["finetune", "--model", str(tiny_model_dir), "--dataset", str(text_file), "--output-dir", str(out),
-                            "--max-steps", str(steps), "--batch-size", "2", "--max-length", "64", "--logging-steps", "1",
-                            "--lr", str(lr), "--llrd", str(gamma), "--lr-scheduler", "linear", "--report-to", "tensorboard"])
+    r = runner.invoke(
+        app,
+        [
+            "finetune",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(text_file),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            str(steps),
+            "--batch-size",
+            "2",
+            "--max-length",
+            "64",
+            "--logging-steps",
+            "1",
+            "--lr",
+            str(lr),
+            "--llrd",
+            str(gamma),
+            "--lr-scheduler",
+            "linear",
+            "--report-to",
+            "tensorboard",
+        ],
+    )
     assert r.exit_code == 0, r.output
     events = [p for p in out.rglob("events.out.tfevents.*")]
     assert events
@@ -122,18 +194,42 @@ def test_version_short_flag():
 @pytest.mark.smoke
 def test_no_max_length_note_when_the_user_did_not_pass_one(tokenizer_and_small_positions, alpaca_file, tmp_path):
     model_dir = tokenizer_and_small_positions
-    quiet = runner.invoke(app, ["sft", "--model", str(model_dir), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "a"), "--dry-run"])
+    quiet = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(tmp_path / "a"),
+            "--dry-run",
+        ],
+    )
     assert quiet.exit_code == 0, quiet.output
     assert "is more than the model's" not in quiet.output and "max length 64" in quiet.output
-    loud = runner.invoke(app, ["sft", "--model", str(model_dir), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "b"), "--dry-run",
-                               "--max-length", "512"])
+    loud = runner.invoke(
+        app,
+        [
+            "sft",
+            "--model",
+            str(model_dir),
+            "--dataset",
+            str(alpaca_file),
+            "--output-dir",
+            str(tmp_path / "b"),
+            "--dry-run",
+            "--max-length",
+            "512",
+        ],
+    )
     assert "--max-length 512 is more than the model's 64 positions" in loud.output
 
 
 @pytest.fixture
 def tokenizer_and_small_positions(tmp_path):
     import torch
-
     from conftest import build_tiny_model, build_tokenizer
 
     torch.manual_seed(0)
@@ -153,10 +249,38 @@ def test_a_log_file_gets_plain_lines_not_progress_bar_redraws(tiny_model_dir, te
 
     log = tmp_path / "run.log"
     with open(log, "w") as f:
-        r = subprocess.run([sys.executable, "-m", "posttrainllm", "finetune", "--model", str(tiny_model_dir), "--dataset", str(text_file),
-                            "--output-dir", str(tmp_path / "o"), "--max-steps", "20", "--save-steps", "5", "--logging-steps", "5",
-                            "--batch-size", "2", "--max-length", "64", "--eval-split", "0.1", "--eval-steps", "10"],
-                           stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "posttrainllm",
+                "finetune",
+                "--model",
+                str(tiny_model_dir),
+                "--dataset",
+                str(text_file),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--max-steps",
+                "20",
+                "--save-steps",
+                "5",
+                "--logging-steps",
+                "5",
+                "--batch-size",
+                "2",
+                "--max-length",
+                "64",
+                "--eval-split",
+                "0.1",
+                "--eval-steps",
+                "10",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=300,
+        )
     text = log.read_text()
     assert r.returncode == 0, text[-2000:]
     assert text.count("\r") == 0

@@ -397,8 +397,9 @@ def _budget_reasons(conv, indices, reasons, row_has, has, parents, lengths, role
     prompts = []
     for i in unclear:
         s = int(starts[i])
-        prompts.append([{"role": roles[s + k].as_py(), "content": contents[s + k].as_py()}
-                        for k in range(int(first[i]))])
+        prompts.append(
+            [{"role": roles[s + k].as_py(), "content": contents[s + k].as_py()} for k in range(int(first[i]))]
+        )
     wheres = [F.where(conv.source, indices[i]) for i in unclear]
     for i, full in zip(unclear, budget.decide(prompts, [int(prompt_bytes[i]) for i in unclear], wheres)):
         if full:
@@ -481,8 +482,14 @@ def convert_dataset(ds, fmt: str, source: str, *, conversational: bool, budget=N
         features = target_features(fmt, conversational)
         src = ds if has_json_feature(ds.features) else ds.with_format("arrow")
         out = src.map(
-            conv, batched=True, with_indices=True, batch_size=MAP_BATCH, remove_columns=ds.column_names,
-            num_proc=num_proc if (num_proc or 1) > 1 else None, features=features, desc="Converting",
+            conv,
+            batched=True,
+            with_indices=True,
+            batch_size=MAP_BATCH,
+            remove_columns=ds.column_names,
+            num_proc=num_proc if (num_proc or 1) > 1 else None,
+            features=features,
+            desc="Converting",
         ).with_format(None)
         reasons = out.data.column(DROP)
         out = out.remove_columns(DROP)
@@ -499,8 +506,9 @@ def convert_stream(ds, fmt: str, source: str, *, conversational: bool, input_col
     """Convert an ``IterableDataset`` lazily (the reference path); dropped rows are filtered out as they come."""
     conv = Converter(fmt, source, conversational, budget)
     features = target_features(fmt, conversational)
-    out = ds.map(conv, batched=True, with_indices=True, batch_size=256, remove_columns=input_columns or None,
-                 features=features)
+    out = ds.map(
+        conv, batched=True, with_indices=True, batch_size=256, remove_columns=input_columns or None, features=features
+    )
     out = out.select_columns(list(conv.columns) + [DROP])
     return out.filter(_kept, input_columns=[DROP]).remove_columns(DROP)
 

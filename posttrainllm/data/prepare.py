@@ -22,8 +22,8 @@ STREAM_SHUFFLE_BUFFER = 1000  # rows (or blocks) held by a stream's shuffle buff
 class PreparedData:
     """A dataset ready for a trainer, plus what the banner and the run record need."""
 
-    train: "datasets.Dataset | datasets.IterableDataset"
-    eval: "datasets.Dataset | None"
+    train: datasets.Dataset | datasets.IterableDataset
+    eval: datasets.Dataset | None
     format: str  # detected format (one of SFT_FORMATS / DPO_FORMATS / TEXT_FORMATS)
     n_train: int | None  # None for a stream
     n_eval: int
@@ -127,25 +127,51 @@ def _convert_source(task, source, tokenizer, *, max_samples, max_length, num_pro
     if streaming:
         out = convert.convert_stream(ds, fmt, source, conversational=conversational, input_columns=cols, budget=budget)
         return _Part(out, fmt, conversational, {}, note)
-    out, dropped = convert.convert_dataset(ds, fmt, source, conversational=conversational, budget=budget,
-                                           num_proc=num_proc)
+    out, dropped = convert.convert_dataset(
+        ds, fmt, source, conversational=conversational, budget=budget, num_proc=num_proc
+    )
     if out.num_rows == 0:
         raise _no_rows_left(source, ds.num_rows, dropped)
     return _Part(out, fmt, conversational, dropped, note)
 
 
-def _prepare_pairs(task: str, source, tokenizer, eval_split, eval_source, seed, max_samples, max_length, num_proc,
-                   streaming, stream_rows) -> PreparedData:
+def _prepare_pairs(
+    task: str,
+    source,
+    tokenizer,
+    eval_split,
+    eval_source,
+    seed,
+    max_samples,
+    max_length,
+    num_proc,
+    streaming,
+    stream_rows,
+) -> PreparedData:
     _check_args(eval_split, eval_source, max_samples)
     source = str(source)
     eval_source = str(eval_source) if eval_source else None
     with reading.progress_bars(source, eval_source, streaming=streaming):
-        part = _convert_source(task, source, tokenizer, max_samples=max_samples, max_length=max_length,
-                               num_proc=num_proc, streaming=streaming)
+        part = _convert_source(
+            task,
+            source,
+            tokenizer,
+            max_samples=max_samples,
+            max_length=max_length,
+            num_proc=num_proc,
+            streaming=streaming,
+        )
         dropped = part.dropped
         if eval_source:
-            ev = _convert_source(task, eval_source, tokenizer, max_samples=None, max_length=max_length,
-                                 num_proc=num_proc, streaming=False)
+            ev = _convert_source(
+                task,
+                eval_source,
+                tokenizer,
+                max_samples=None,
+                max_length=max_length,
+                num_proc=num_proc,
+                streaming=False,
+            )
             if (TARGET_COLUMNS[ev.fmt], ev.conversational) != (TARGET_COLUMNS[part.fmt], part.conversational):
                 raise DataError(
                     f"eval data {eval_source} ({ev.fmt}) converts to "
@@ -205,8 +231,19 @@ def prepare_sft(
     read (shuffled through a buffer); an eval_split then takes the first eval_split / (1 - eval_split) ×
     `stream_rows` rows (the rows training reads) from the head of the stream.
     """
-    return _prepare_pairs("sft", source, tokenizer, eval_split, eval_source, seed, max_samples, max_length, num_proc,
-                          streaming, stream_rows)
+    return _prepare_pairs(
+        "sft",
+        source,
+        tokenizer,
+        eval_split,
+        eval_source,
+        seed,
+        max_samples,
+        max_length,
+        num_proc,
+        streaming,
+        stream_rows,
+    )
 
 
 def prepare_dpo(
@@ -229,8 +266,9 @@ def prepare_dpo(
     Pairs whose chosen equals rejected, or whose chosen or rejected is empty, are dropped and counted.
     Same chat-template rule, max_samples, eval, num_proc and streaming options as `prepare_sft`.
     """
-    return _prepare_pairs("dpo", source, tokenizer, eval_split, eval_source, seed, max_samples, None, num_proc,
-                          streaming, stream_rows)
+    return _prepare_pairs(
+        "dpo", source, tokenizer, eval_split, eval_source, seed, max_samples, None, num_proc, streaming, stream_rows
+    )
 
 
 def _text_blocks(source: str, tokenizer, max_length: int, num_proc, streaming: bool):
@@ -352,8 +390,6 @@ def describe(prepared: PreparedData) -> str:
     return line
 
 
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # What the SFT loss falls on
 # ----------------------------------------------------------------------------------------------------------------
@@ -382,7 +418,9 @@ def _head_rows(ds, n: int) -> list[dict]:
     return ds.select(range(min(n, ds.num_rows))).to_list()
 
 
-def apply_loss_mask(prepared: PreparedData, tokenizer, *, train_on_prompt: bool = False, num_proc: int | None = None) -> LossMask:
+def apply_loss_mask(
+    prepared: PreparedData, tokenizer, *, train_on_prompt: bool = False, num_proc: int | None = None
+) -> LossMask:
     """Limit the SFT loss to what the model should learn to say, and say what it falls on (measured on the first
     LOSS_SAMPLE_ROWS training rows, replay rows included).
 
@@ -405,11 +443,16 @@ def apply_loss_mask(prepared: PreparedData, tokenizer, *, train_on_prompt: bool 
         turns = sum(len(r["messages"]) for r in rows)
         answers = sum(1 for r in rows for m in r["messages"] if m["role"] == "assistant")
         if train_on_prompt:
-            return LossMask(description=f"every token of the conversations (--train-on-prompt; {answers} of {turns} turns are the assistant's)")
+            return LossMask(
+                description=f"every token of the conversations (--train-on-prompt; {answers} of "
+                f"{turns} turns are the assistant's)"
+            )
         if has_generation_markers(tokenizer):
             pairs = []
             for r in rows:
-                out = tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+                out = tokenizer.apply_chat_template(
+                    r["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+                )
                 pairs.append((sum(out["assistant_masks"]), len(out["input_ids"])))
             how = "the template's generation markers"
             mask = LossMask(assistant_only_loss=True)
@@ -421,11 +464,14 @@ def apply_loss_mask(prepared: PreparedData, tokenizer, *, train_on_prompt: bool 
                 pairs.append((sum(m), len(ids)))
             prepared.train = _tokenize_conversations(prepared.train, spans, prepared.source, num_proc)
             if prepared.eval is not None:
-                prepared.eval = _tokenize_conversations(prepared.eval, spans, prepared.eval_source or prepared.source, num_proc)
+                prepared.eval = _tokenize_conversations(
+                    prepared.eval, spans, prepared.eval_source or prepared.source, num_proc
+                )
             how = "spans found by rendering each conversation prefix by prefix"
             mask = LossMask()
-        mask.description = (f"assistant turns ({answers} of {turns} turns, {_share(pairs)}, first {n} rows; "
-                            f"masked with {how})")
+        mask.description = (
+            f"assistant turns ({answers} of {turns} turns, {_share(pairs)}, first {n} rows; masked with {how})"
+        )
         return mask
     if {"prompt", "completion"} <= cols:
         if train_on_prompt:
@@ -458,9 +504,24 @@ def _tokenize_conversations(ds, spans, source: str, num_proc: int | None):
     import datasets
 
     if isinstance(ds, datasets.Dataset):
-        return ds.map(batch, batched=True, with_indices=True, remove_columns=ds.column_names, num_proc=num_proc,
-                      desc="masking the assistant's turns")
+        return ds.map(
+            batch,
+            batched=True,
+            with_indices=True,
+            remove_columns=ds.column_names,
+            num_proc=num_proc,
+            desc="masking the assistant's turns",
+        )
     return ds.map(batch, batched=True, remove_columns=["messages"])
 
 
-__all__ = ["LossMask", "PreparedData", "apply_loss_mask", "prepare_sft", "prepare_dpo", "prepare_text", "describe", "detect_format"]
+__all__ = [
+    "LossMask",
+    "PreparedData",
+    "apply_loss_mask",
+    "prepare_sft",
+    "prepare_dpo",
+    "prepare_text",
+    "describe",
+    "detect_format",
+]

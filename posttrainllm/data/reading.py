@@ -33,8 +33,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import DataError, PosttrainError, UsageError, one_line
 from ..refs import looks_like_hub_id
@@ -55,7 +56,15 @@ LONG_LINE = 4 << 20
 # Names that look like a file (any short alphanumeric extension) are never treated as a Hub id.
 # Column names of the known formats: a JSON object holding one of them is one record, not a wrapper of records.
 _RECORD_KEYS = {
-    "messages", "conversations", "prompt", "completion", "chosen", "rejected", "instruction", "output", "text",
+    "messages",
+    "conversations",
+    "prompt",
+    "completion",
+    "chosen",
+    "rejected",
+    "instruction",
+    "output",
+    "text",
 }
 _BOM = codecs.BOM_UTF8
 _CHUNK = 1 << 20
@@ -312,7 +321,7 @@ def _first_char(path: Path, source: str) -> str | None:
             start = True
             while chunk := f.read(1 << 16):
                 if start and chunk.startswith(_BOM):
-                    chunk = chunk[len(_BOM):]
+                    chunk = chunk[len(_BOM) :]
                 start = False
                 rest = chunk.lstrip()
                 if rest:
@@ -347,7 +356,7 @@ def iter_text(path: str | Path, source: str | None = None, chunk_bytes: int = _C
                 chunk = f.read(chunk_bytes)
                 final = not chunk
                 if first and chunk.startswith(_BOM):
-                    chunk, offset = chunk[len(_BOM):], len(_BOM)
+                    chunk, offset = chunk[len(_BOM) :], len(_BOM)
                 first = False
                 if b"\x00" in chunk:
                     raise _nul_error(source)
@@ -426,8 +435,9 @@ def _from_generator(generator, gen_kwargs: dict, features, streaming: bool):
             return datasets.IterableDataset.from_generator(generator, features=features, gen_kwargs=gen_kwargs)
         # rows can be MBs each (.txt pieces, long JSON lines): write them a few at a time (datasets' default buffers
         # 1000 rows before writing)
-        return datasets.Dataset.from_generator(generator, features=features, gen_kwargs=gen_kwargs,
-                                               writer_batch_size=GENERATOR_WRITER_BATCH)
+        return datasets.Dataset.from_generator(
+            generator, features=features, gen_kwargs=gen_kwargs, writer_batch_size=GENERATOR_WRITER_BATCH
+        )
     except Exception as e:  # datasets wraps the generator's DataError in a DatasetGenerationError
         inner = _unwrap(e)
         if inner is not None:
@@ -451,7 +461,7 @@ def jsonl_records(path: str, source: str, stamp: str = "") -> Iterator[dict]:
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
                 if lineno == 1 and raw.startswith(_BOM):
-                    raw, offset = raw[len(_BOM):], len(_BOM)
+                    raw, offset = raw[len(_BOM) :], len(_BOM)
                 size = len(raw)
                 if b"\x00" in raw:
                     raise _nul_error(source)
@@ -731,8 +741,9 @@ def _normalized_jsonl(path: Path, source: str, records) -> Path:
 def _load_json(path: Path, source: str, first: str, streaming: bool):
     if first == "[":
         if streaming:
-            return _from_generator(json_list_records, {"path": str(path), "source": source, "stamp": _stamp(path)},
-                                   None, True)
+            return _from_generator(
+                json_list_records, {"path": str(path), "source": source, "stamp": _stamp(path)}, None, True
+            )
         normalized = _normalized_jsonl(path, source, json_list_records(str(path), source))
     else:
         records = _json_object_records(path, source)
@@ -768,8 +779,13 @@ def _load_csv(path: Path, source: str, streaming: bool):
     features = datasets.Features({h: datasets.Value("string") for h in header})
     try:
         return datasets.load_dataset(
-            "csv", data_files=str(path), split="train", features=features, keep_default_na=False,
-            encoding="utf-8-sig", streaming=streaming,
+            "csv",
+            data_files=str(path),
+            split="train",
+            features=features,
+            keep_default_na=False,
+            encoding="utf-8-sig",
+            streaming=streaming,
         )
     except Exception as e:  # noqa: BLE001
         text = one_line(_root(e))

@@ -90,8 +90,14 @@ def _replay_rows(train, replay, chunk_chars: int, streaming: bool):
     if streaming:
         pieces = src.map(_Chunk(chunk_chars), batched=True, remove_columns=["text"], features=text_features)
         return pieces.map(_Shape(kind, cols), batched=True, remove_columns=["text"], features=train.features)
-    pieces = src.map(_Chunk(chunk_chars), batched=True, batch_size=64, remove_columns=["text"], features=text_features,
-                     desc="Cutting replay text")
+    pieces = src.map(
+        _Chunk(chunk_chars),
+        batched=True,
+        batch_size=64,
+        remove_columns=["text"],
+        features=text_features,
+        desc="Cutting replay text",
+    )
     if pieces.num_rows == 0:
         raise DataError("the replay dataset holds no text")
     return pieces, _Shape(kind, cols)
@@ -141,8 +147,9 @@ def mix_replay(train, replay, ratio: float, seed: int, *, chunk_chars: int = 200
     idx = np.random.default_rng(seed).permutation(np.resize(np.arange(m), max(k, m)))[:k]
     picked = pool.select(idx)
     if shape is not None:
-        picked = picked.map(shape, batched=True, remove_columns=["text"], features=train.features,
-                            desc="Shaping replay rows")
+        picked = picked.map(
+            shape, batched=True, remove_columns=["text"], features=train.features, desc="Shaping replay rows"
+        )
     else:
         picked = picked.cast(train.features)
     return datasets.concatenate_datasets([train, picked]).shuffle(seed=seed)

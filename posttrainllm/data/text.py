@@ -12,8 +12,9 @@ tokenizer's own special tokens (e.g. a BOS) come once per document, and the eos 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import chain
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import DataError
 from . import reading
@@ -238,20 +239,39 @@ def tokenize(ds, tokenizer, source: str, num_proc: int | None = None):
     pieces = PIECE_COLUMNS[0] in cols
     if isinstance(ds, datasets.IterableDataset):
         src = ds.select_columns(cols) if ds.column_names else ds
-        return src.map(fn, batched=True, with_indices=True, batch_size=4 if pieces else 256,
-                       remove_columns=cols, features=token_features())
+        return src.map(
+            fn,
+            batched=True,
+            with_indices=True,
+            batch_size=4 if pieces else 256,
+            remove_columns=cols,
+            features=token_features(),
+        )
     src = ds.select_columns(cols)
     json_text = has_json_feature(datasets.Features({"text": ds.features["text"]}))
     if not pieces and (json_text or _longest_text(src) > reading.TXT_PIECE_BYTES):
-        src = src.map(SplitDocuments(source, reading.TXT_PIECE_BYTES), batched=True, with_indices=True, batch_size=16,
-                      writer_batch_size=16, remove_columns=cols, features=reading.txt_features(),
-                      desc="Cutting long documents")
+        src = src.map(
+            SplitDocuments(source, reading.TXT_PIECE_BYTES),
+            batched=True,
+            with_indices=True,
+            batch_size=16,
+            writer_batch_size=16,
+            remove_columns=cols,
+            features=reading.txt_features(),
+            desc="Cutting long documents",
+        )
         pieces, json_text = True, False
     if not json_text:
         src = src.with_format("arrow")
     return src.map(
-        fn, batched=True, with_indices=True, batch_size=4 if pieces else 256, writer_batch_size=64 if pieces else 1000,
-        num_proc=num_proc if (num_proc or 1) > 1 else None, remove_columns=cols, features=token_features(),
+        fn,
+        batched=True,
+        with_indices=True,
+        batch_size=4 if pieces else 256,
+        writer_batch_size=64 if pieces else 1000,
+        num_proc=num_proc if (num_proc or 1) > 1 else None,
+        remove_columns=cols,
+        features=token_features(),
         desc="Tokenizing",
     ).with_format(None)
 
@@ -277,10 +297,18 @@ def group(tokenized, max_length: int, n_tokens: int):
     """Consecutive blocks of `max_length` tokens over the whole tokenized dataset (one ordered pass)."""
     rows = max(1, tokenized.num_rows)
     batch = max(1, min(1000, BLOCK_BATCH_TOKENS * rows // max(1, n_tokens)))
-    return tokenized.with_format("arrow").map(
-        GroupBlocks(max_length), batched=True, batch_size=batch, remove_columns=["input_ids"],
-        features=block_features(), desc="Grouping into blocks",
-    ).with_format(None)
+    return (
+        tokenized.with_format("arrow")
+        .map(
+            GroupBlocks(max_length),
+            batched=True,
+            batch_size=batch,
+            remove_columns=["input_ids"],
+            features=block_features(),
+            desc="Grouping into blocks",
+        )
+        .with_format(None)
+    )
 
 
 def stream_blocks(tokenized, max_length: int) -> Iterator[dict]:
