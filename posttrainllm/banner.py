@@ -132,13 +132,11 @@ def print_summary(
 
     After a resume, the trainer's train_loss covers only the resumed steps: the row says which steps."""
     t = Table(title="run summary", title_justify="left", show_edge=False, pad_edge=False, show_header=False)
-    t.add_column(style="bold")
-    t.add_column(justify="right")
-    loss_label = (
-        "train loss" if not first_step else f"train loss (steps {first_step + 1}-{last_step}, after the resume)"
-    )
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")
+    loss_fmt = "{:.4f}" if not first_step else "{:.4f} " + f"(steps {first_step + 1}-{last_step}: resumed run)"
     rows = [
-        (loss_label, metrics.get("train_loss"), "{:.4f}"),
+        ("train loss", metrics.get("train_loss"), loss_fmt),
         ("eval loss", metrics.get("eval_loss"), "{:.4f}"),
         ("reward accuracy (eval)", metrics.get("eval_rewards/accuracies"), "{:.3f}"),
         ("runtime", metrics.get("train_runtime"), "{:.1f} s"),

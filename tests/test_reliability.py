@@ -73,6 +73,7 @@ def test_sigterm_then_resume_matches_uninterrupted_run(tiny_model_dir, text_file
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 143, output
     assert "--resume" in output
+    assert "train_runtime" not in output and "run summary" not in output  # no end-of-training metrics when interrupted
     assert not (out / "training_complete.json").exists()
     done = sorted(out.glob("checkpoint-*"))
     assert done and all((d / "COMPLETE").exists() for d in done)
@@ -86,6 +87,7 @@ def test_sigterm_then_resume_matches_uninterrupted_run(tiny_model_dir, text_file
     resumed = subprocess.run(_cmd(tiny_model_dir, text_file, out, "--resume"), capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "checkpoint-20" in resumed.stdout  # reported as skipped
+    assert "resumed run" in resumed.stdout  # the train loss of a resumed run says which steps it covers
     ref_losses, got = _losses(ref), _losses(out)
     assert max(got) == 24
     for step in range(max(int(d.name.split("-")[1]) for d in done) + 1, 25):
