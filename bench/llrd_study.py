@@ -15,8 +15,8 @@ Data (from ../shared/data, splits as its README suggests):
 Studies:
   alpaca    an 8-block base; SFT flat over 5 LRs, γ ∈ {0.95, 0.9, 0.8, 0.65} × 3 LRs, 25% replay, replay + γ 0.8
   loraplus  the same base; LoRA r=16, λ ∈ {1, 16} × γ ∈ {1, 0.8} × LR ∈ {5e-4, 2e-3}
-  depth     8- and 24-block bases of the same width pre-trained on the bigger corpus; flat over 4 LRs vs γ at
-            the same γ and at the same bottom-block scale γ^(N-1), 2 LRs each
+  depth     8- and 24-block bases of the same width, 700 pre-training steps on the bigger corpus; flat over 4 LRs
+            vs γ ∈ {0.9, 0.8} and, on the deeper base, the γ with the same bottom-block scale γ^(N-1), at lr 2e-3
   dpo       DPO of an Alpaca-SFT model on dpo_en_demo.json, flat vs γ ∈ {0.9, 0.8} over 3 LRs
 
 Every stage is the real CLI: `posttrainllm pretrain` for the bases, `posttrainllm sweep` for the grids (its cells are
@@ -270,7 +270,7 @@ def study_loraplus(ctx: dict) -> dict:
 
 def study_depth(ctx: dict) -> dict:
     files, q = ctx["files"], ctx["quick"]
-    steps = ctx.get("pretrain_steps") or (150 if q else 1500)
+    steps = ctx.get("pretrain_steps") or (150 if q else 700)
     depths = ctx.get("depths") or ((2, 6) if q else (8, 24))
     res = {}
     for blocks in depths:
@@ -293,7 +293,7 @@ def study_depth(ctx: dict) -> dict:
                 "--llrd",
                 "1.0",
                 "--lr",
-                ctx.get("flat_lrs") or ("1e-3,2e-3" if q else "4e-4,7e-4,1.2e-3,2e-3"),
+                ctx.get("flat_lrs") or ("1e-3,2e-3" if q else "7e-4,1.2e-3,2e-3,3.5e-3"),
                 "--seeds",
                 seeds,
                 "--jobs",
@@ -308,7 +308,7 @@ def study_depth(ctx: dict) -> dict:
                 "--llrd",
                 ",".join(gammas),
                 "--lr",
-                ctx.get("llrd_lrs") or ("2e-3" if q else "1.2e-3,2e-3"),
+                ctx.get("llrd_lrs") or "2e-3",
                 "--seeds",
                 seeds,
                 "--jobs",
@@ -526,9 +526,8 @@ def report(results: dict, meta: dict, docs: Path, quick: bool) -> None:
         lines += [
             "## 3. Does the advantage grow with depth?",
             "",
-            f"Compute: {meta['minutes'].get('depth', 0):.0f} min. Two bases of the "
-            "same width (hidden 64), pre-trained on "
-            "Shakespeare + code + Python documentation; held-out documentation documents are a third OOD set.",
+            f"Compute: {meta['minutes'].get('depth', 0):.0f} min. Bases: {meta['bases'].get('depth', '')}; "
+            "held-out documentation documents are a third OOD set. Same width, the depths below.",
             "",
         ]
         for blocks, d in results["depth"].items():
@@ -599,6 +598,8 @@ def main() -> None:
     ap.add_argument("--depths", default=None, help="depth study: comma-separated block counts (default 8,24)")
     ap.add_argument("--pretrain-steps", type=int, default=None, help="depth study: pre-training steps of each base")
     ap.add_argument("--seeds", default=None, help="depth study: comma-separated seeds (default 0,1,2)")
+    ap.add_argument("--flat-lrs", default=None, help="depth study: comma-separated LRs of the flat runs")
+    ap.add_argument("--llrd-lrs", default=None, help="depth study: comma-separated LRs of the layer-decay runs")
     ap.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
     args = ap.parse_args()
     if not SHARED.is_dir():
@@ -616,6 +617,8 @@ def main() -> None:
         "pretrain_steps": args.pretrain_steps,
         "seeds": args.seeds,
         "jobs": args.jobs,
+        "flat_lrs": args.flat_lrs,
+        "llrd_lrs": args.llrd_lrs,
     }
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"minutes": {}, "bases": {}}
@@ -628,10 +631,15 @@ def main() -> None:
         if spent > 0.5 or name not in meta["minutes"]:  # a pure re-read keeps the compute of the run that measured it
             meta["minutes"][name] = spent
         meta["bases"][name] = (
-            "8-block llama-style, hidden 64, BPE vocab 2048, 800 pre-training steps (batch 8 × 256 tokens)"
+            f"llama-style, hidden {args.hidden}, BPE vocab 2048, "
+            f"{ctx['pretrain_steps'] or (150 if args.quick else 700)} pre-training steps (batch 8 × 256 tokens, "
+            "cosine from lr 1e-3) on Shakespeare + code + Python documentation"
+            if name == "depth"
+            else "8-block llama-style, hidden 64, BPE vocab 2048, "
+            f"{150 if args.quick else 800} pre-training steps (batch 8 × 256 tokens) on Shakespeare + code"
         )
         meta_path.write_text(json.dumps(meta, indent=2))
-    meta.update(command="python bench/llrd_study.py" + (" --quick" if args.quick else ""), machine=machine())
+    meta.update(command=" ".join(["python bench/llrd_study.py", *sys.argv[1:]]), machine=machine())
     if not args.no_docs:
         report(results, meta, Path(args.docs), args.quick)
 
