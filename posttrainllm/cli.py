@@ -7,6 +7,7 @@ Each command: parse (Typer) → resolve + validate the config (config.py, torch-
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -269,7 +270,14 @@ def _root(
 
 
 def main() -> None:
-    app(prog_name="posttrainllm")
+    try:
+        app(prog_name="posttrainllm")
+    except SystemExit as e:
+        if "posttrainllm.distributed" in sys.modules:  # a run under torchrun / accelerate launch: exit cleanly
+            from posttrainllm.distributed import exit_process
+
+            exit_process(e.code)
+        raise
 
 
 if __name__ == "__main__":

@@ -62,6 +62,10 @@ def unit_interval(v):
     return _finite(v) or (None if 0 <= v <= 1 else "must be in [0, 1]")
 
 
+def bottom_scale(v):
+    return _finite(v) or (None if 0 < v <= 1 else "must be in (0, 1]: block 0's LR as a fraction of the base LR")
+
+
 def fraction_below_one(v):
     return _finite(v) or (None if 0 <= v < 1 else "must be in [0, 1)")
 
@@ -274,6 +278,18 @@ OPTIONS: tuple[Opt, ...] = (
         bare=LLRD_BARE,
         panel="Layer-wise LR decay",
         key="lr_layer_decay",
+    ),
+    Opt(
+        "llrd_bottom_scale",
+        float,
+        0.0,
+        "Layer decay given by block 0's LR scale S instead of γ: γ = S^(1/(N-1)) "
+        f"for the model's N blocks (γ must land in {LLRD_RANGE}). Carries one "
+        "setting across depths; not with --llrd.",
+        TRAINING,
+        bottom_scale,
+        "S",
+        panel="Layer-wise LR decay",
     ),
     Opt(
         "llrd_min_scale",
@@ -699,6 +715,7 @@ class RunConfig:
     model_args: dict[str, Any] | None = None
     # layer-wise LR decay and LR factors
     llrd: float | None = None
+    llrd_bottom_scale: float | None = None
     llrd_min_scale: float | None = None
     llrd_freeze_below: float | None = None
     llrd_blocks: str | None = None
@@ -1059,6 +1076,11 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     problems = []
     if v.get("resume") and v.get("overwrite"):
         problems.append("--resume and --overwrite contradict each other: pick one")
+    if v.get("llrd_bottom_scale") and v.get("llrd", 1.0) != 1.0:
+        problems.append(
+            "--llrd and --llrd-bottom-scale both set the layer decay: give one (the bottom scale S means "
+            "γ = S^(1/(N-1)))"
+        )
     if v.get("llrd_min_scale") and v.get("llrd_freeze_below") and v["llrd_freeze_below"] > v["llrd_min_scale"] > 0:
         problems.append(
             "--llrd-freeze-below is above --llrd-min-scale: with the clamp nothing is below it; set one of them"

@@ -111,8 +111,9 @@ def _full(p):
 def measure(model, baseline: Baseline, plan) -> dict:
     """Per-depth drift of `model` (after training) against `baseline`, with the depths of `plan` (llrd.LLRDPlan).
 
-    Returns {"definition", "source", "depths": [{"block", "drift", "changed_tensors", "tensors"}, ...]}. Under
-    FSDP every rank must call it (sharded tensors are gathered)."""
+    Returns {"definition", "source", "depths": [{"block", "drift", "changed_tensors", "tensors"}, ...]}, one entry
+    per depth that holds a tensor (tied input/output embeddings count once, at the depth the plan trains them at).
+    Under FSDP every rank must call it (sharded tensors are gathered)."""
     import torch
 
     from posttrainllm.llrd import strip_wrappers
@@ -166,6 +167,7 @@ def measure(model, baseline: Baseline, plan) -> dict:
             "tensors": tensors[i],
         }
         for i, r in enumerate(rows)
+        if tensors[i]  # a depth that holds no tensor (tied embeddings trained as the head, no position table)
     ]
     return {
         "definition": "||W_after - W_before||_F / ||W_before||_F over all tensors of each "

@@ -547,6 +547,19 @@ def _pattern_factors(model: nn.Module, lr_groups: dict[str, float]) -> dict[int,
     return found
 
 
+def count_blocks(model: nn.Module, block_path: str | None = None) -> int:
+    """N, the number of blocks layer decay counts in `model` (all stages' blocks for hierarchical models)."""
+    return len(_resolve_blocks(model, block_path).blocks)
+
+
+def gamma_for_bottom_scale(bottom_scale: float, num_blocks: int) -> float:
+    """The γ that gives block 0 (and the embeddings) the LR scale `bottom_scale` in a `num_blocks`-block model:
+    ``bottom_scale ** (1 / (num_blocks - 1))`` (1.0 for a single block)."""
+    if not (isinstance(bottom_scale, (int, float)) and 0 < bottom_scale <= 1):
+        raise ValueError(f"bottom scale must be in (0, 1], got {bottom_scale!r}")
+    return 1.0 if num_blocks <= 1 else float(bottom_scale) ** (1.0 / (num_blocks - 1))
+
+
 def _check_args(base_lr, gamma, weight_decay, tied_policy, min_scale, freeze_below) -> None:
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -238,6 +238,22 @@ def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
     return None
 
 
+def num_layers(ref: str, trust_remote_code: bool = False) -> int | None:
+    """The config's block count (`num_hidden_layers`, `n_layer`, ...), if it says; read without the weights."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - the model load that follows reports the real problem
+        return None
+    config = getattr(config, "text_config", None) or config
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def fit_embeddings_to_tokenizer(model, tokenizer) -> None:
     """Grow the embedding matrix when the tokenizer has more tokens (e.g. an added pad token)."""
     try:

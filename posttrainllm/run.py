@@ -28,10 +28,13 @@ def plan_param_groups(cfg, model):
     from posttrainllm import llrd
 
     try:
+        gamma = cfg.llrd
+        if cfg.llrd_bottom_scale:
+            gamma = bottom_scale_gamma(cfg, llrd.count_blocks(model, cfg.llrd_blocks))
         plan = llrd.build_param_groups(
             model,
             cfg.lr,
-            cfg.llrd,
+            gamma,
             cfg.weight_decay,
             tied_policy=cfg.tied_embeddings,
             min_scale=cfg.llrd_min_scale,
@@ -60,6 +63,30 @@ def plan_param_groups(cfg, model):
         raise UsageError(f"{flag}: {text}") from None
     llrd.apply_freeze(plan)
     return plan
+
+
+def bottom_scale_gamma(cfg, num_blocks: int) -> float:
+    """--llrd-bottom-scale S: the γ that gives block 0 (and the embeddings) the LR scale S on `num_blocks` blocks,
+    γ = S^(1/(N-1)); a UsageError when that γ is outside the CLI's range."""
+    from posttrainllm.config import LLRD_MAX, LLRD_MIN, LLRD_RANGE
+    from posttrainllm.llrd import gamma_for_bottom_scale
+
+    s = cfg.llrd_bottom_scale
+    gamma = gamma_for_bottom_scale(s, num_blocks)
+    if not LLRD_MIN <= gamma <= LLRD_MAX:
+        raise UsageError(
+            f"--llrd-bottom-scale {s:g} on a {num_blocks}-block model means γ = {gamma:.4g}, outside {LLRD_RANGE}: "
+            f"use a bottom scale of at least {LLRD_MIN ** (num_blocks - 1):.3g} (0.5^{num_blocks - 1})"
+        )
+    return gamma
+
+
+def bottom_scale_note(cfg, plan) -> list[str]:
+    """The banner's line saying which γ --llrd-bottom-scale gave."""
+    n, s = plan.num_layers, cfg.llrd_bottom_scale
+    if not s or n < 2:
+        return []
+    return [f"--llrd-bottom-scale {s:g} on {n} blocks: γ = {s:g}^(1/{n - 1}) = {plan.gamma:.4f}"]
 
 
 def _prepare_output(cfg):
@@ -95,6 +122,8 @@ def _show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) ->
     only into a directory that holds no run (it leaves a previous run exactly as it is)."""
     if not is_rank0():
         return cfg.dry_run
+    if cfg.llrd_bottom_scale:
+        extra = {**extra, "llrd_gamma_from_bottom_scale": plan.gamma}
     banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
     out = Path(cfg.output_dir)
     if cfg.dry_run:
@@ -235,13 +264,17 @@ def _across_ranks(cfg, fn) -> None:
 
     distributed.stop_with_launcher()
     distributed.init_process_group(cfg.ddp_timeout)
+    finished = False
     try:
         fn()
+        finished = True
     except RuntimeError as e:  # torch.distributed's errors (DistBackendError, DistStoreError, gloo's) are RuntimeErrors
         lost = distributed.lost_rank_error(e, cfg.ddp_timeout, cfg.output_dir)
         if lost is None:
             raise
         raise lost from e
+    finally:
+        distributed.shutdown(finished)
 
 
 def _train(cfg, run_dir, resume_from) -> None:
@@ -269,6 +302,8 @@ def _train(cfg, run_dir, resume_from) -> None:
     )
     cfg, clamped = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
     notes += clamped
+    if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(cfg.model, cfg.trust_remote_code)):
+        bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(
         cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args
@@ -294,7 +329,7 @@ def _train(cfg, run_dir, resume_from) -> None:
         model = _apply_lora(model, cfg)
 
     plan = plan_param_groups(cfg, model)
-    notes += [n for n in (prepared.template_note,) if n]
+    notes += bottom_scale_note(cfg, plan) + [n for n in (prepared.template_note,) if n]
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
     n_total = sum(p.numel() for p in model.parameters())
@@ -597,7 +632,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         cfg,
         info,
         plan,
-        [],
+        bottom_scale_note(cfg, plan),
         {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args},
         run_dir,
     ):

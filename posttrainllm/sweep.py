@@ -409,11 +409,22 @@ def interpolate(curve: list[tuple[float, float]], x: float) -> float | None:
     return None
 
 
+def efficient_branch(rows: list[dict], x: str = "eval_loss", higher_is_better: bool = False) -> list[dict]:
+    """One setting's points over its LRs, up to the LR where `x` is best. Past that LR a higher LR gives a worse `x`
+    *and* more forgetting (an overshooting LR), so comparing there ("flat at the same eval loss") would compare
+    with a run no one should choose."""
+    if not rows:
+        return []
+    best = (max if higher_is_better else min)(rows, key=lambda r: r[x])
+    return [r for r in rows if r["lr"] <= best["lr"]]
+
+
 def _flat_at(summary: list[dict], row: dict) -> dict | None:
     flat = [r for r in summary if r["gamma"] == 1.0 and r["replay_ratio"] == 0 and r["forgetting_pct"] is not None]
     if not flat or row is None or (row["gamma"] == 1.0 and row["replay_ratio"] == 0):
         return None
-    value = interpolate([(r["eval_loss"], r["forgetting_pct"]) for r in flat], row["eval_loss"])
+    curve = efficient_branch(flat)
+    value = interpolate([(r["eval_loss"], r["forgetting_pct"]) for r in curve], row["eval_loss"])
     return {
         "flat_forgetting_pct_at_same_eval_loss": value,
         "flat_lrs": sorted(r["lr"] for r in flat),

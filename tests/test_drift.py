@@ -60,6 +60,29 @@ def test_full_finetune_drift_matches_the_saved_weights_and_follows_gamma(gamma, 
     assert "block_0" in drift.bar_chart(report) and "█" in drift.bar_chart(report)
 
 
+def test_tied_embeddings_count_once_at_the_head_and_no_empty_depth_is_reported(tmp_path):
+    from conftest import build_tiny_model, build_tokenizer
+
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path)
+    model = _load(tmp_path)
+    plan = build_param_groups(model, 1e-3, 0.5)  # tied policy "head": the shared matrix trains at the head's LR
+    baseline = drift.Baseline(model, str(tmp_path))
+    _train(model, plan.groups)
+    report = drift.measure(model, baseline, plan)
+    got = {r["block"]: r["drift"] for r in report["depths"]}
+    assert list(got) == ["block_0", "block_1", "block_2", "block_3", "head"]  # no "embeddings" row of 0
+    state = model.state_dict()
+    base = load_file(str(tmp_path / "model.safetensors"))
+    head_keys = [k for k in base if "layers." not in k]  # the shared embedding matrix (saved once) and the norm
+    num = sum(float(((state[k].float() - base[k].float()) ** 2).sum()) for k in head_keys)
+    den = sum(float((base[k].float() ** 2).sum()) for k in head_keys)
+    assert got["head"] == pytest.approx((num / den) ** 0.5, rel=1e-5)
+    assert "embeddings" not in drift.bar_chart(report)
+
+
 def test_lora_drift_is_the_merged_update_relative_to_the_base_weight(tiny_model_dir):
     from peft import LoraConfig, get_peft_model
 

@@ -171,3 +171,15 @@ def test_replay_ratio_zero_cells_run_without_the_replay_dataset(tmp_path):
     assert (
         replay[replay.index("--replay-dataset") + 1] == "r.txt" and replay[replay.index("--replay-ratio") + 1] == "0.25"
     )
+
+
+def test_flat_at_the_same_eval_loss_ignores_flat_lrs_past_its_best_eval_loss():
+    from posttrainllm.sweep import recommend
+
+    def row(gamma, lr, loss, forgetting):
+        return {"gamma": gamma, "lr": lr, "replay_ratio": 0, "eval_loss": loss, "forgetting_pct": forgetting}
+
+    flat = [row(1.0, 1e-3, 4.86, 49.0), row(1.0, 2e-3, 4.81, 85.0), row(1.0, 3.5e-3, 4.85, 140.0)]  # 3.5e-3 overshoots
+    decayed = row(0.8, 2e-3, 4.846, 32.0)
+    got = recommend([*flat, decayed], max_forgetting=40)["best"]["vs_flat"]["flat_forgetting_pct_at_same_eval_loss"]
+    assert got == pytest.approx(49.0 + (4.86 - 4.846) / (4.86 - 4.81) * (85.0 - 49.0))  # on the 1e-3 → 2e-3 branch
