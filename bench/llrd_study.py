@@ -402,16 +402,17 @@ def _label(r: dict) -> str:
 
 def frontier_rows(summary: list[dict], ood: list[str], x: str = "eval_loss") -> list[str]:
     """Markdown rows: each non-flat point vs flat's value interpolated at the same x (eval loss or reward acc.)."""
-    from posttrainllm.sweep import interpolate
+    from posttrainllm.sweep import efficient_branch, interpolate
 
     flat = [r for r in summary if r["gamma"] == 1.0 and r["replay_ratio"] == 0]
+    curve = efficient_branch(flat, x, higher_is_better=x != "eval_loss")  # flat's LRs up to its best x
     lines = []
     for r in summary:
         if r in flat:
             continue
         cells = [_label(r), f"{r['lr']:g}", f"{r[x]:.4f}"]
         for name in ood:
-            ref = interpolate([(f[x], f["ood"][name]["change_pct"]) for f in flat], r[x])
+            ref = interpolate([(f[x], f["ood"][name]["change_pct"]) for f in curve], r[x])
             cells += [f"{r['ood'][name]['change_pct']:+.1f}", "outside flat's range" if ref is None else f"{ref:+.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -558,19 +559,20 @@ def report(results: dict, meta: dict, docs: Path, quick: bool) -> None:
             "steps at lr 1e-3; DPO on dpo_en_demo.json with 10% of the pairs held out for the reward metrics.",
             "",
         ]
-        plot(s, ood, docs / f"dpo{suffix}.png", x="reward_accuracy", xlabel="held-out reward accuracy")
+        plot(s, ood, docs / f"dpo{suffix}.png", x="reward_margin", xlabel="held-out reward margin")
         lines += (
             table(s, ood, dpo=True)
             + [
                 "",
                 f"![dpo](dpo{suffix}.png)",
                 "",
-                "Each point vs flat at the same held-out reward accuracy:",
+                "Each point vs flat at the same held-out reward margin (reward accuracy on the held-out pairs does not "
+                "change with the LR here, see the conclusions):",
                 "",
-                "| run | LR | reward accuracy | " + " | ".join(f"{n} Δ% | flat at same accuracy" for n in ood) + " |",
+                "| run | LR | reward margin | " + " | ".join(f"{n} Δ% | flat at same margin" for n in ood) + " |",
                 "|" + "---|" * (3 + 2 * len(ood)),
             ]
-            + frontier_rows(s, ood, x="reward_accuracy")
+            + frontier_rows(s, ood, x="reward_margin")
             + [""]
         )
     lines += [
