@@ -10,9 +10,18 @@ cheap::
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockStructureError", "LLRDPlan", "__version__", "apply_freeze", "build_param_groups", "find_block_list"]
+__all__ = [
+    "BlockStructureError",
+    "LLRDPlan",
+    "__version__",
+    "apply_freeze",
+    "build_param_groups",
+    "count_blocks",
+    "find_block_list",
+    "gamma_for_bottom_scale",
+]
 
-_LIBRARY = {"BlockStructureError", "LLRDPlan", "apply_freeze", "build_param_groups", "find_block_list"}
+_LIBRARY = set(__all__) - {"__version__"}
 
 
 def __getattr__(name: str):
