@@ -410,14 +410,6 @@ def _share(pairs: list[tuple[int, int]]) -> str:
     return f"{100 * trained / total:.0f}% of tokens" if total else "no tokens measured"
 
 
-def _head_rows(ds, n: int) -> list[dict]:
-    import datasets
-
-    if isinstance(ds, datasets.IterableDataset):
-        return list(ds.take(n))
-    return ds.select(range(min(n, ds.num_rows))).to_list()
-
-
 def apply_loss_mask(
     prepared: PreparedData, tokenizer, *, train_on_prompt: bool = False, num_proc: int | None = None
 ) -> LossMask:
@@ -436,7 +428,7 @@ def apply_loss_mask(
     """
     from .chat import AssistantSpans, has_generation_markers
 
-    rows = _head_rows(prepared.train, LOSS_SAMPLE_ROWS)
+    rows = reading.head(prepared.train, LOSS_SAMPLE_ROWS)
     cols = set(rows[0]) if rows else set()
     n = len(rows)
     if "messages" in cols:
