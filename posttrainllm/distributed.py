@@ -55,38 +55,24 @@ def init_process_group(timeout_s: int) -> bool:
     return True
 
 
-def shutdown(finished: bool) -> None:
-    """Tear the process group down at the end of a run. `finished`: every rank got here after a run that did not
-    fail, so they first wait for each other (no rank tears down while another still talks to it)."""
-    if world_size() <= 1 or "torch" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    _CPU_GROUP.clear()
-    try:
-        if finished:
-            dist.barrier()
-    except Exception:  # a peer already gone: tear down all the same
-        pass
-    try:
-        dist.destroy_process_group()
-    except Exception:  # best effort, at exit
-        pass
-
-
 def exit_process(code) -> None:
-    """End a rank of a multi-process launch now, with `code` (SystemExit's), once its exit handlers ran and its output
-    is flushed; returns when not under one. A rank left to the interpreter's normal shutdown can die there with
-    SIGABRT ("terminate called without an active exception": a C++ thread of gloo / torch.distributed.checkpoint
-    destroyed while still joinable), after a run that succeeded: the launcher then fails the whole launch. Measured
-    with torch 2.13 on CPU (FSDP2 + a distributed checkpoint, 2 ranks): 6 of 10 launches aborted that way, 0 of 15
-    with this exit."""
+    """End a rank of a multi-process launch now, with `code` (SystemExit's), once its process group is torn down,
+    its exit handlers ran and its output is flushed; returns when not under one. A rank left to the interpreter's
+    normal shutdown can die there with SIGABRT ("terminate called without an active exception": a C++ thread of
+    gloo / torch.distributed.checkpoint destroyed while still joinable), after a run that succeeded: the launcher
+    then fails the whole launch. Measured with torch 2.13 on CPU (FSDP2 + a distributed checkpoint, 2 ranks): 6 of
+    10 launches aborted that way, 0 of 15 with this exit."""
     if world_size() <= 1 or "torch.distributed" not in sys.modules:
         return
     import atexit
 
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # best effort, at exit
+            pass
     if code is None:
         code = 0
     elif not isinstance(code, int):

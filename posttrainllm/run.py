@@ -264,17 +264,13 @@ def _across_ranks(cfg, fn) -> None:
 
     distributed.stop_with_launcher()
     distributed.init_process_group(cfg.ddp_timeout)
-    finished = False
     try:
         fn()
-        finished = True
     except RuntimeError as e:  # torch.distributed's errors (DistBackendError, DistStoreError, gloo's) are RuntimeErrors
         lost = distributed.lost_rank_error(e, cfg.ddp_timeout, cfg.output_dir)
         if lost is None:
             raise
         raise lost from e
-    finally:
-        distributed.shutdown(finished)
 
 
 def _train(cfg, run_dir, resume_from) -> None:
