@@ -4,7 +4,7 @@ errors naming the record, the chat template."""
 from __future__ import annotations
 
 import pytest
-from data_samples import (  # noqa: F401 - fixtures and samples
+from data_samples import (
     ALPACA,
     MESSAGES,
     PREF_MSGS,

@@ -5,16 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_samples import (  # noqa: F401 - fixtures and samples
+from data_samples import (
     ALPACA,
     MESSAGES,
-    PREF_MSGS,
-    PREF_STR,
     PROMPT_COMPLETION,
-    PROMPT_COMPLETION_MSGS,
-    SHARED,
     SHAREGPT,
-    SHAREGPT_PREF,
     make_tokenizer,
     write_json,
     write_jsonl,

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from data_samples import (  # noqa: F401 - fixtures and samples
+from data_samples import (
     ALPACA,
     MESSAGES,
-    PREF_MSGS,
-    PREF_STR,
-    PROMPT_COMPLETION,
-    PROMPT_COMPLETION_MSGS,
-    SHARED,
-    SHAREGPT,
-    SHAREGPT_PREF,
     make_tokenizer,
-    write_json,
     write_jsonl,
 )
 

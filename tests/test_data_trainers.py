@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from data_samples import (  # noqa: F401 - fixtures and samples
+from data_samples import (
     ALPACA,
     MESSAGES,
     PREF_MSGS,

@@ -554,22 +554,15 @@ def test_two_node_rendezvous_trains_with_llrd_and_only_global_rank0_writes(nodes
     assert written and all(w.startswith("out/checkpoint-") and w.endswith("/rng_state_1.pth") for w in written), written
 
 
+def until_stopped(ddp_timeout: int) -> list[str]:
+    """Options of a two-node run that trains until a test stops it, logging every step."""
+    return ["--max-steps", "100000", "--save-steps", "100000", "--batch-size", "2", "--max-length", "128",
+            "--logging-steps", "1", "--ddp-timeout", str(ddp_timeout)]  # fmt: skip
+
+
 @pytest.mark.smoke
 def test_when_one_node_dies_the_other_exits_1_with_a_message_at_once(nodes):
-    two = nodes(
-        "--max-steps",
-        "100000",
-        "--save-steps",
-        "100000",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "128",
-        "--logging-steps",
-        "1",
-        "--ddp-timeout",
-        "120",
-    )
+    two = nodes(*until_stopped(ddp_timeout=120))
     two.wait_for_step(3)
     for pid in [two.procs["B"].pid, *two.workers_of("B")]:  # node B is gone: its launcher and its worker
         os.kill(pid, signal.SIGKILL)
@@ -583,20 +576,7 @@ def test_when_one_node_dies_the_other_exits_1_with_a_message_at_once(nodes):
 
 @pytest.mark.smoke
 def test_a_hung_node_is_given_up_after_ddp_timeout(nodes):
-    two = nodes(
-        "--max-steps",
-        "100000",
-        "--save-steps",
-        "100000",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "128",
-        "--logging-steps",
-        "1",
-        "--ddp-timeout",
-        "10",
-    )
+    two = nodes(*until_stopped(ddp_timeout=10))
     two.wait_for_step(3)
     for pid in [two.procs["B"].pid, *two.workers_of("B")]:  # node B stops answering (its sockets stay open)
         os.kill(pid, signal.SIGSTOP)
@@ -610,20 +590,7 @@ def test_a_hung_node_is_given_up_after_ddp_timeout(nodes):
 
 @pytest.mark.smoke
 def test_killing_one_launcher_stops_both_nodes_at_one_checkpoint(nodes):
-    two = nodes(
-        "--max-steps",
-        "100000",
-        "--save-steps",
-        "100000",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "128",
-        "--logging-steps",
-        "1",
-        "--ddp-timeout",
-        "120",
-    )
+    two = nodes(*until_stopped(ddp_timeout=120))
     two.wait_for_step(3)
     worker = two.workers_of("B")
     os.kill(two.procs["B"].pid, signal.SIGKILL)  # the launcher alone: its worker must not train on as an orphan
