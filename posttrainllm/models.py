@@ -222,8 +222,9 @@ def load_model(
     return model
 
 
-def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
-    """The longest sequence the model's config allows (learned position embeddings fail past it), if it says."""
+def _config_int(ref: str, trust_remote_code: bool, keys: tuple[str, ...]) -> int | None:
+    """The first positive integer among `keys` in the model's (text) config, read without the weights; None when
+    the config cannot be read (the model load that follows reports the real problem) or says none of them."""
     from transformers import AutoConfig
 
     try:
@@ -231,27 +232,23 @@ def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
     except Exception:  # noqa: BLE001 - the model load that follows reports the real problem
         return None
     config = getattr(config, "text_config", None) or config
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    for key in keys:
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
+    """The longest sequence the model's config allows (learned position embeddings fail past it), if it says."""
+    return _config_int(
+        ref, trust_remote_code, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    )
 
 
 def num_layers(ref: str, trust_remote_code: bool = False) -> int | None:
-    """The config's block count (`num_hidden_layers`, `n_layer`, ...), if it says; read without the weights."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code)
-    except Exception:  # noqa: BLE001 - the model load that follows reports the real problem
-        return None
-    config = getattr(config, "text_config", None) or config
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    """The config's block count (`num_hidden_layers`, `n_layer`, ...), if it says."""
+    return _config_int(ref, trust_remote_code, ("num_hidden_layers", "n_layer", "num_layers"))
 
 
 def fit_embeddings_to_tokenizer(model, tokenizer) -> None:
