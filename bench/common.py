@@ -23,6 +23,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
+# Stanford Alpaca's prompt templates, written out independently of posttrainllm for the benchmarks' native paths
+# (bench/throughput.py checks that posttrainllm.data applies the same text).
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
 
 def cpu_model() -> str:
     try:

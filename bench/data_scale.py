@@ -42,18 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, base_parser, emit, log, machine_info  # noqa: E402
+from common import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, REPO, base_parser, emit, log, machine_info  # noqa: E402
 
-ALPACA_PROMPT = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-)
-ALPACA_PROMPT_NO_INPUT = (
-    "Below is an instruction that describes a task. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Response:\n"
-)
 MAX_LENGTH = 512
 
 

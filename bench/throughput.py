@@ -30,17 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# Stanford Alpaca's templates, as posttrainllm.data applies them (checked equal in setup()).
-ALPACA_PROMPT = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-)
-ALPACA_PROMPT_NO_INPUT = (
-    "Below is an instruction that describes a task. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Response:\n"
-)
+from common import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT  # noqa: E402 - posttrainllm.data's text, checked in setup()
+
 LR = 2e-5  # posttrainllm sft's default LR, given to the TRL script too
 RESULT_TAG = "TRL_RESULT "
 

@@ -188,10 +188,9 @@ def _stream_rows(cfg) -> int | None:
     return cfg.max_steps * cfg.batch_size * cfg.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _prepare_data(cfg, tokenizer):
-    from posttrainllm import data
-
-    common = dict(
+def _data_options(cfg) -> dict:
+    """The options every data preparation takes from the run's config."""
+    return dict(
         eval_split=cfg.eval_split,
         eval_source=cfg.eval_dataset,
         seed=cfg.seed,
@@ -200,6 +199,12 @@ def _prepare_data(cfg, tokenizer):
         streaming=cfg.streaming,
         stream_rows=_stream_rows(cfg),
     )
+
+
+def _prepare_data(cfg, tokenizer):
+    from posttrainllm import data
+
+    common = _data_options(cfg)
     if cfg.command == "sft":
         prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     elif cfg.command == "dpo":
@@ -595,18 +600,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     else:  # trained from batches of text, never from one string holding the corpus
         tokenizer = models.train_bpe_tokenizer(data.iter_texts(corpus), cfg.vocab_size)
-    prepared = data.prepare_text(
-        cfg.dataset,
-        tokenizer,
-        max_length=cfg.max_length,
-        eval_split=cfg.eval_split,
-        eval_source=cfg.eval_dataset,
-        seed=cfg.seed,
-        max_samples=cfg.max_samples,
-        num_proc=cfg.dataset_num_proc,
-        streaming=cfg.streaming,
-        stream_rows=_stream_rows(cfg),
-    )
+    prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **_data_options(cfg))
     config = models.scratch_config(cfg.model_config, len(tokenizer), cfg.max_length, tokenizer)
     model = AutoModelForCausalLM.from_config(config)
     plan = plan_param_groups(cfg, model)
