@@ -327,20 +327,17 @@ def is_msgs(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
 
 
+def _as_messages(value, record: dict, key: str, role: str, where: str) -> list[dict]:
+    """`value` (record[key]) as messages: a message list as it is, a plain string as one message of `role`."""
+    return _messages(value, where, key) if is_msgs(value) else [{"role": role, "content": _string(record, key, where)}]
+
+
 def _prompt_completion(record: dict, where: str) -> dict:
     prompt, completion = maybe_json(record.get("prompt")), maybe_json(record.get("completion"))
     if is_msgs(prompt) or is_msgs(completion):
         # Conversational: a plain string on one side becomes a single user / assistant message.
-        p = (
-            _messages(prompt, where, "prompt")
-            if is_msgs(prompt)
-            else [{"role": "user", "content": _string(record, "prompt", where)}]
-        )
-        c = (
-            _messages(completion, where, "completion")
-            if is_msgs(completion)
-            else [{"role": "assistant", "content": _string(record, "completion", where)}]
-        )
+        p = _as_messages(prompt, record, "prompt", "user", where)
+        c = _as_messages(completion, record, "completion", "assistant", where)
         return {"prompt": p, "completion": c}
     return {
         "prompt": _string(record, "prompt", where, required=False),
@@ -378,16 +375,8 @@ def _preference(record: dict, where: str) -> dict:
         while n > 0 and not c[n - 1].isspace():
             n -= 1
         return {"prompt": c[:n], "chosen": c[n:], "rejected": r[n:]}
-    c = (
-        _messages(chosen, where, "chosen")
-        if is_msgs(chosen)
-        else [{"role": "assistant", "content": _string(record, "chosen", where)}]
-    )
-    r = (
-        _messages(rejected, where, "rejected")
-        if is_msgs(rejected)
-        else [{"role": "assistant", "content": _string(record, "rejected", where)}]
-    )
+    c = _as_messages(chosen, record, "chosen", "assistant", where)
+    r = _as_messages(rejected, record, "rejected", "assistant", where)
     if is_msgs(prompt):
         return {"prompt": _messages(prompt, where, "prompt"), "chosen": c, "rejected": r}
     # chosen/rejected are full conversations: the shared leading messages are the prompt.
