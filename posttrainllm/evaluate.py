@@ -512,6 +512,7 @@ def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, tru
 
     ``device``: None → "cuda" if available else "cpu". ``dtype``: None → the checkpoint's dtype ("auto") on
     cuda, float32 on cpu; a torch dtype or a name ("bfloat16", "float16", "float32", "auto") is accepted.
+    A GGUF file (or a directory holding one) is converted once into the cache (``models.resolve_model``).
     Errors: a missing local path, a directory that is not a model, an offline hub id → ``UsageError``; a model or
     tokenizer that cannot be loaded → ``ModelError``.
     """
@@ -523,7 +524,7 @@ def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, tru
     model_path = os.fspath(model_path)
     if not os.path.exists(os.path.expanduser(model_path)) and looks_local(model_path):
         raise UsageError(f"model path not found: {model_path}")
-    models.check_model_ref(model_path)
+    model_path, _ = models.resolve_model(model_path, trust_remote_code=trust_remote_code)  # a GGUF file: converted
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:

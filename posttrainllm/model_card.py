@@ -28,6 +28,7 @@ def render(
     forgetting: dict | None = None,
     drift: dict | None = None,
     output_dir: str = "",
+    model_source: dict | None = None,
 ) -> str:
     """The card's text. `data`: source, format, n_train, n_eval (and eval source); `metrics`: the trainer's."""
     from posttrainllm.banner import format_lr, summary_line
@@ -49,6 +50,11 @@ def render(
         origin = f"fine-tuned from [{hub_base}](https://huggingface.co/{hub_base})"
     else:
         origin = f"fine-tuned from the local model `{base_model}`"
+    if model_source:  # a GGUF file: name its quantization, since training started from dequantized weights
+        origin += (
+            f" (a GGUF file, {model_source['quantization']} weights dequantized to float; "
+            f"sha256 {str(model_source.get('sha256', '?'))[:12]}…)"
+        )
     lines = [
         f"# {name}",
         "",

@@ -293,28 +293,38 @@ def _train(cfg, run_dir, resume_from) -> None:
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
     trainer_args = _check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
-    models.check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model))
-    model_args = models.check_model_args(cfg.model, cfg.model_args, cfg.trust_remote_code)
-    if cfg.command == "dpo" and cfg.ref_model:
-        models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model))
-    notes: list[str] = []
-    tokenizer = models.load_tokenizer(
-        cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+    model_path, source = models.resolve_model(
+        cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
     )
-    cfg, clamped = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
+    model_args = models.check_model_args(model_path, cfg.model_args, cfg.trust_remote_code)
+    ref_path = None
+    if cfg.command == "dpo" and cfg.ref_model:
+        ref_path, ref_source = models.resolve_model(
+            cfg.ref_model,
+            "--ref-model",
+            hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model),
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    notes: list[str] = models.precision_notes(precision)
+    if source and (low := gguf_note(source)):
+        notes.append(low)
+    tokenizer = models.load_tokenizer(
+        model_path, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+    )
+    cfg, clamped = _clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
     notes += clamped
-    if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(cfg.model, cfg.trust_remote_code)):
+    if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(
-        cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args
+        model_path, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args
     )
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
         ref_model = (
             models.load_model(
-                cfg.ref_model,
+                ref_path,
                 trust_remote_code=cfg.trust_remote_code,
                 precision=precision,
                 what="--ref-model",
@@ -336,7 +346,7 @@ def _train(cfg, run_dir, resume_from) -> None:
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
-        "model": f"{cfg.model} ({type(model).__name__}, {plan.num_layers} blocks, "
+        "model": f"{_model_name(cfg.model, source)} ({type(model).__name__}, {plan.num_layers} blocks, "
         f"{banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
         "data": describe(prepared),
         "loss on": prepared.loss.description if prepared.loss is not None else None,
@@ -349,7 +359,7 @@ def _train(cfg, run_dir, resume_from) -> None:
         else None,
         "DPO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "dpo" else None,
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
-        "precision": f"{precision} on {_device_name()}",
+        "precision": f"{precision} on {_device_name()} ({models.precision_reason(cfg.precision, precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
@@ -360,6 +370,10 @@ def _train(cfg, run_dir, resume_from) -> None:
         "trainer_args": trainer_args,
         "model_args": {k: str(v) for k, v in model_args.items()},
     }
+    if source:
+        resolved["model_source"] = {**source, "converted_to": model_path}
+    if ref_path and ref_source:
+        resolved["ref_model_source"] = {**ref_source, "converted_to": ref_path}
     if _show_plan(cfg, info, plan, notes, resolved, run_dir):
         return
 
@@ -376,6 +390,7 @@ def _train(cfg, run_dir, resume_from) -> None:
         plan,
         ref_model=ref_model,
         before=before,
+        model_path=model_path,
     )
 
 
@@ -390,7 +405,19 @@ def _at_last_step(trainer, checkpoint: Path) -> int | None:
 
 
 def _run_trainer(
-    cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, plan, *, ref_model=None, before=None
+    cfg,
+    kind,
+    model,
+    tokenizer,
+    prepared,
+    precision,
+    resume_from,
+    run_dir,
+    plan,
+    *,
+    ref_model=None,
+    before=None,
+    model_path: str | None = None,
 ) -> None:
     from posttrainllm.trainers import build_trainer
 
@@ -415,7 +442,7 @@ def _run_trainer(
     if cfg.command != "pretrain":  # the weights before training, for the drift report (files on disk, no second model)
         from posttrainllm import drift
 
-        baseline = drift.Baseline(trainer.model, cfg.model)
+        baseline = drift.Baseline(trainer.model, model_path or cfg.model)
     t0 = time.time()
     last = _at_last_step(trainer, resume_from) if resume_from else None
     if last is not None:  # training had ended; only the final save is missing: no extra step
@@ -467,7 +494,7 @@ def _run_trainer(
             results["drift"] = drift_report
             _write_drift(run_dir, out, drift_report)
         write_json(out / "eval_results.json", results)
-        _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report)
+        _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report, model_path)
         write_json(
             out / checkpoints.FINAL_MARKER,
             {
@@ -485,6 +512,25 @@ def _run_trainer(
             banner.print_drift(drift_report)
         first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
         banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+def _model_name(ref: str, source: dict | None) -> str:
+    """The banner's name of the model: the reference as given, or a GGUF file with its quantization."""
+    from posttrainllm import gguf
+
+    return gguf.describe(source) if source else ref
+
+
+def gguf_note(source: dict) -> str | None:
+    from posttrainllm import gguf
+
+    return gguf.low_bit_note(source)
+
+
+def _gguf_record(model_path: str | None) -> dict | None:
+    from posttrainllm import gguf
+
+    return gguf.read_source(model_path) if model_path else None
 
 
 def _report_interrupt(cfg, trainer, guard) -> None:
@@ -541,7 +587,14 @@ def _write_drift(run_dir, out: Path, report: dict) -> None:
 
 
 def _write_model_card(
-    cfg, run_dir, plan, prepared, metrics: dict, forgetting: dict | None, drift_report: dict | None
+    cfg,
+    run_dir,
+    plan,
+    prepared,
+    metrics: dict,
+    forgetting: dict | None,
+    drift_report: dict | None,
+    model_path: str | None = None,
 ) -> None:
     from posttrainllm import model_card
 
@@ -564,6 +617,7 @@ def _write_model_card(
         forgetting=forgetting,
         drift=drift_report,
         output_dir=cfg.output_dir,
+        model_source=_gguf_record(model_path),
     )
     tmp = Path(cfg.output_dir) / "README.md.tmp"
     tmp.write_text(text, encoding="utf-8")
@@ -614,7 +668,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         f"{cfg.grad_accum}, block length {cfg.max_length})",
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
         f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
-        "precision": f"{precision} on {_device_name()}",
+        "precision": f"{precision} on {_device_name()} ({models.precision_reason(cfg.precision, precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
@@ -622,7 +676,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         cfg,
         info,
         plan,
-        bottom_scale_note(cfg, plan),
+        bottom_scale_note(cfg, plan) + models.precision_notes(precision),
         {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args},
         run_dir,
     ):
@@ -637,16 +691,17 @@ def evaluate(cfg) -> None:
     """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
     from posttrainllm import evaluate as ev
     from posttrainllm.config import producing_recipe
-    from posttrainllm.models import check_model_ref
+    from posttrainllm.models import resolve_model
     from posttrainllm.trainers import quiet_progress_bars
 
     quiet_progress_bars()
-    if not Path(cfg.model).expanduser().exists():  # a hub id: offline and not cached is a usage error
-        check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model))
-    model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    model_path, _ = resolve_model(
+        cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
+    )
+    model, tokenizer = ev.load_for_eval(model_path, trust_remote_code=cfg.trust_remote_code)
     from posttrainllm.models import max_positions
 
-    cfg, clamped = _clamp_max_length(cfg, max_positions(cfg.model, cfg.trust_remote_code))
+    cfg, clamped = _clamp_max_length(cfg, max_positions(model_path, cfg.trust_remote_code))
     for note in clamped:
         print(f"note: {note}", file=sys.stderr)
     sft_examples = None
