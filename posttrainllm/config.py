@@ -577,6 +577,16 @@ OPTIONS: tuple[Opt, ...] = (
         "text", list, [], "Text file to measure perplexity on (repeatable).", ("eval",), metavar="FILE", panel="Inputs"
     ),
     Opt(
+        "reference",
+        str,
+        None,
+        "Base model to compare with: adds the mean per-token KL(reference ‖ model) on each --text "
+        "(a directory, .gguf file or hub id; same tokenizer).",
+        ("eval",),
+        metavar="PATH_OR_HUB_ID",
+        panel="Inputs",
+    ),
+    Opt(
         "sft_dataset",
         str,
         None,
@@ -764,6 +774,7 @@ class RunConfig:
     debug: bool | None = None
     # eval
     text: list[str] | None = None
+    reference: str | None = None
     sft_dataset: str | None = None
     json: bool | None = None
     eval_batch_size: int | None = None
@@ -1107,7 +1118,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append(f"--prompts: {v['prompts']} does not exist")
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
-    for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):
+    for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model", "reference"):
         path = v.get(key)
         if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")

@@ -105,15 +105,17 @@ def render(
             lines.append(f"| {key} | {_fmt(metrics[key])} |")
     lines.append("")
     if forgetting:
+        with_kl = any(r.get("kl") is not None for r in forgetting.values())
         lines += [
             "## Forgetting (held-out text perplexity before → after)",
             "",
-            "| text | before | after | change |",
-            "|---|---|---|---|",
+            "| text | before | after | change |" + (" KL(base ‖ tuned) per token |" if with_kl else ""),
+            "|---|---|---|---|" + ("---|" if with_kl else ""),
         ]
         for text, r in forgetting.items():
             change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
-            lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |")
+            kl = f" {_fmt(r.get('kl'), 4)} |" if with_kl else ""
+            lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |{kl}")
         lines.append("")
     if drift:
         lines += ["## Weight drift per depth (‖ΔW‖ / ‖W‖)", "", "| depth | drift |", "|---|---|"]

@@ -173,10 +173,27 @@ def _device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
 
 
-def _ood_eval(model, tokenizer, cfg) -> dict:
+def _ood_eval(model, tokenizer, cfg, reference=None) -> dict:
     from posttrainllm.evaluate import evaluate_files
 
-    return evaluate_files(model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0())
+    return evaluate_files(
+        model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0(), reference=reference
+    )
+
+
+def _kl_reference(cfg, model_path: str | None, precision: str):
+    """The base model again, for the forgetting report's KL column: loaded from --model after training (no second
+    copy is held while training), on the tuned model's device, in eval mode."""
+    from posttrainllm import models
+
+    if not model_path:
+        return None
+    import torch
+
+    ref = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    if torch.cuda.is_available():
+        ref = ref.to("cuda")
+    return ref.eval()
 
 
 def _stream_rows(cfg) -> int | None:
@@ -479,7 +496,11 @@ def _run_trainer(
 
         drift_report = drift.measure(trainer.model, baseline, plan)  # every rank: FSDP gathers sharded tensors
     # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
-    after = _ood_eval(trainer.model, tokenizer, cfg) if before is not None else None
+    after = None
+    if before is not None:
+        reference = _kl_reference(cfg, model_path, precision)
+        after = _ood_eval(trainer.model, tokenizer, cfg, reference=reference)
+        del reference
     if trainer.is_world_process_zero():
         out = Path(cfg.output_dir)
         trainer.state.save_to_json(str(out / "trainer_state.json"))
@@ -512,6 +533,23 @@ def _run_trainer(
             banner.print_drift(drift_report)
         first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
         banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+_TOKENIZER_PROBE = "The quick brown fox, 1234 times.\ndef f(x):\n    return {'a': x}  # ünïcode"
+
+
+def _eval_reference(cfg, tokenizer):
+    """eval --reference: the reference model, checked to tokenize like the model (KL compares token by token)."""
+    from posttrainllm import evaluate as ev
+
+    ref_model, ref_tok = ev.load_for_eval(cfg.reference, trust_remote_code=cfg.trust_remote_code)
+    ids = tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
+    if ref_tok(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"] != ids:
+        raise UsageError(
+            f"--reference {cfg.reference} tokenizes text differently from --model {cfg.model}: the KL compares "
+            "token by token, so pass the model's own base"
+        )
+    return ref_model
 
 
 def _model_name(ref: str, source: dict | None) -> str:
@@ -704,13 +742,21 @@ def evaluate(cfg) -> None:
     cfg, clamped = _clamp_max_length(cfg, max_positions(model_path, cfg.trust_remote_code))
     for note in clamped:
         print(f"note: {note}", file=sys.stderr)
+    reference = _eval_reference(cfg, tokenizer) if cfg.reference else None
     sft_examples = None
     if cfg.sft_dataset:
         from posttrainllm import data
 
         sft_examples = data.load(cfg.sft_dataset)  # memory-mapped; scored in chunks
     results = ev.evaluate_files(
-        model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json
+        model,
+        tokenizer,
+        list(cfg.text),
+        cfg.max_length,
+        sft_examples=sft_examples,
+        progress=not cfg.json,
+        batch_size=cfg.eval_batch_size,
+        reference=reference,
     )
     if cfg.json:
         print(json.dumps(ev.json_ready(results), allow_nan=False))
@@ -718,11 +764,13 @@ def evaluate(cfg) -> None:
     from rich.table import Table
 
     t = Table(title=f"eval: {cfg.model} (windows of {cfg.max_length} tokens)", title_justify="left")
-    for col in ("input", "perplexity", "tokens"):
+    cols = ("input", "perplexity", "tokens") + (("KL(reference ‖ model)/token",) if reference is not None else ())
+    for col in cols:
         t.add_column(col, justify="left" if col == "input" else "right")
     for name, r in results.items():
+        kl = [f"{r['kl']:.4f}" if r.get("kl") is not None else "-"] if reference is not None else []
         if "perplexity" in r:
-            t.add_row(name, f"{r['perplexity']:.4f}", str(r["tokens"]))
+            t.add_row(name, f"{r['perplexity']:.4f}", str(r["tokens"]), *kl)
         else:
-            t.add_row(name + " (completion loss)", f"{r['loss']:.4f}", str(r.get("completion_tokens", "")))
+            t.add_row(name + " (completion loss)", f"{r['loss']:.4f}", str(r.get("completion_tokens", "")), *kl)
     banner.console.print(t)
