@@ -22,7 +22,10 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 def _eval(out: Path, name: str) -> dict | None:
     p = out / "eval" / f"{name}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):  # not evaluated yet, or being written
+        return None
 
 
 def run_rows(out: Path, grid: list[dict]) -> list[dict]:
