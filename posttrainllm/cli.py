@@ -1,6 +1,6 @@
 """The `posttrainllm` command line: one short function per command; heavy imports only when a run starts.
 
-Each command: parse (Typer) → resolve + validate the config (config.py, torch-free) → hand off to
+Each command: parse (Typer) → resolve + validate the config (posttrainllm/config/, torch-free) → hand off to
 `posttrainllm.run`, which imports torch/transformers/TRL. Errors become exit codes here, in one place.
 """
 
@@ -16,6 +16,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from posttrainllm import __version__
 from posttrainllm.config import Opt, options_for, resolve
+from posttrainllm.config.argv import with_bare_values
 from posttrainllm.errors import PosttrainError
 
 HELP = (
@@ -30,20 +31,16 @@ class OptionalValueCommand(TyperCommand):
     Click has no optional-value options that also accept negative or text values, so the argument list is
     rewritten before parsing: a bare flag (followed by nothing or by another `--option`) gets its bare value.
     Anything else that follows is taken as the value and validated (so `--llrd -1` or `--llrd abc` are errors).
+
+    The rewrite (and the deprecated names it maps to their option's flag) is posttrainllm/config/argv.py's, which
+    the sweep uses to read its cells without Typer.
     """
 
-    bare_values: dict[str, str] = {}
+    command_name: str = ""
 
     def parse_args(self, ctx, args):
-        out = []
-        for i, tok in enumerate(args):
-            out.append(tok)
-            if tok in self.bare_values:
-                nxt = args[i + 1] if i + 1 < len(args) else None
-                if nxt is None or nxt.startswith("--"):
-                    out.append(self.bare_values[tok])
         ctx.meta["posttrainllm.argv"] = [ctx.info_name, *args]  # the command line as given (model card, resume hint)
-        return super().parse_args(ctx, out)
+        return super().parse_args(ctx, with_bare_values(self.command_name, list(args)))
 
 
 app = typer.Typer(
@@ -105,7 +102,7 @@ def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None
     cls = type(
         f"{name.title()}Command",
         (OptionalValueCommand,),
-        {"bare_values": {o.cli_flag: str(o.bare) for o in opts if o.bare is not None}},
+        {"command_name": name},
     )
     app.command(name, cls=cls, help=help_text)(command)
 

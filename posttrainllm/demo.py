@@ -16,9 +16,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from posttrainllm import banner, checkpoints
+from posttrainllm import banner
 from posttrainllm.config import resolve
 from posttrainllm.errors import UsageError
+from posttrainllm.rundir.layout import write_json
 
 DEMO_GAMMA = 0.8
 DEMO_ENTRIES = ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json")  # what the demo writes
@@ -33,7 +34,7 @@ def _stage(command: str, values: dict) -> None:
 
 def _check_demo_dir(out: Path, label: str, overwrite: bool) -> None:
     """A non-empty directory needs --overwrite, and then may hold only what the demo writes. Nothing is deleted here:
-    each stage replaces its own run directory the way --overwrite does (posttrainllm/outdir.py)."""
+    each stage replaces its own run directory the way --overwrite does (posttrainllm/rundir/outdir.py)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {label} is a file")
     names = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
@@ -108,7 +109,7 @@ def run_demo(cfg) -> None:
         val = res["train"].get("eval_loss")
         summary[label] = {"eval_loss": val, **ood}
         t.add_row(label, f"{val:.4f}", f"{ood['before']:.2f}", f"{ood['after']:.2f}", f"{ood['change_pct']:+.1f}%")
-    checkpoints.write_json(out / "demo_results.json", summary)
+    write_json(out / "demo_results.json", summary)
     banner.console.print(t)
     banner.console.print(
         "At the same base LR, layer decay trades a little in-domain progress "

@@ -8,7 +8,7 @@ another rank's failure as one message.
 - **A worker never outlives its launcher.** torchrun starts each worker in a session of its own, so a launcher
   killed alone leaves its workers training as orphans (the other nodes never notice). Under torchrun/accelerate
   launch a worker asks the kernel (Linux) for SIGTERM when its launcher dies: it then stops as on any SIGTERM, and
-  every rank checkpoints at the same step and exits (posttrainllm/checkpoints.py).
+  every rank checkpoints at the same step and exits (posttrainllm/rundir/signals.py).
 - **Ranks decide together.** Whether to stop for a signal, whether the loss diverged and whether the weights hold
   NaN/inf are decided by all ranks at once (`max_over_ranks`, one all-reduce of a CPU scalar): a rank that decided
   alone would leave the others waiting in the next collective.
@@ -23,10 +23,9 @@ import os
 import sys
 
 from posttrainllm.errors import TrainingError
+from posttrainllm.rundir.layout import newest_good_checkpoint, world_size
 
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+__all__ = ["world_size"]  # re-exported: the rank helpers live in the leaf posttrainllm/rundir/layout.py
 
 
 def on_cpu() -> bool:
@@ -147,13 +146,9 @@ def lost_rank_error(exc: BaseException, timeout_s: int, output_dir: str) -> Trai
     if not any(k in text.lower() for k in _LOST):
         return None
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    from pathlib import Path
-
-    from posttrainllm.checkpoints import checkpoint_dirs, verify_checkpoint
-
-    good = [d for d in checkpoint_dirs(output_dir) if verify_checkpoint(d) is None]
+    good = newest_good_checkpoint(output_dir)
     resume = (
-        (f"the newest complete checkpoint is {Path(output_dir) / good[-1].name}: start every node again with --resume")
+        f"the newest complete checkpoint is {good}: start every node again with --resume"
         if good
         else "no complete checkpoint was saved yet"
     )

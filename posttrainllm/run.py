@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from posttrainllm import banner, checkpoints, outdir
-from posttrainllm.checkpoints import is_rank0, write_json
+from posttrainllm import banner
 from posttrainllm.errors import ModelStructureError, TrainingError, UsageError
+from posttrainllm.rundir import checkpoints, layout, outdir, signals
+from posttrainllm.rundir.layout import is_rank0, write_json
 
 TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
 
@@ -90,12 +91,12 @@ def bottom_scale_note(cfg, plan) -> list[str]:
 
 
 def _prepare_output(cfg):
-    """Output-dir safety before anything heavy (posttrainllm/outdir.py): checks, the directory's lock (rank 0) and
-    the checkpoint to resume from. Returns (run_dir, resume_from), or None when --resume finds the run complete."""
+    """Output-dir safety before anything heavy (posttrainllm/rundir/outdir.py): checks, the directory's lock (rank 0)
+    and the checkpoint to resume from. Returns (run_dir, resume_from), or None when --resume finds the run complete."""
     run_dir = outdir.prepare(cfg)
     if run_dir is None:
         if is_rank0():
-            done = checkpoints.finished_run(Path(cfg.output_dir).expanduser()) or {}
+            done = layout.finished_run(Path(cfg.output_dir).expanduser()) or {}
             banner.console.print(
                 f"already complete: {cfg.output_dir} holds the finished run (step "
                 f"{done.get('global_step', '?')}); nothing to do"
@@ -129,7 +130,7 @@ def _show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) ->
     if cfg.dry_run:
         if outdir.only_pre_training_records(out):
             write_json(out / "param_groups.json", plan.to_json())
-            write_json(out / checkpoints.RUN_CONFIG, {**cfg.to_dict(), **extra})
+            write_json(out / layout.RUN_CONFIG, {**cfg.to_dict(), **extra})
             banner.console.print(f"dry run: nothing trained; parameter groups written to {out / 'param_groups.json'}")
         else:
             banner.console.print(
@@ -394,8 +395,8 @@ def _run_trainer(
 ) -> None:
     from posttrainllm.trainers import build_trainer
 
-    guard = checkpoints.InterruptGuard()
-    callbacks = [checkpoints.make_callback(guard)]
+    guard = signals.InterruptGuard()
+    callbacks = [signals.make_callback(guard)]
     trainer = build_trainer(
         kind,
         cfg,
@@ -469,7 +470,7 @@ def _run_trainer(
         write_json(out / "eval_results.json", results)
         _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report)
         write_json(
-            out / checkpoints.FINAL_MARKER,
+            out / layout.FINAL_MARKER,
             {
                 "global_step": trainer.state.global_step,
                 "train_loss": metrics.get("train_loss"),

@@ -199,27 +199,18 @@ def _value(args: list[str], flag: str) -> str | None:
 
 def _check_cells(spec: SweepSpec) -> list[str]:
     """Each distinct cell configuration goes through the command's own validation (all problems, no model load)."""
-    from typer.main import get_command
+    from posttrainllm.config.argv import to_config
 
-    from posttrainllm.cli import app
-    from posttrainllm.config import resolve
-
-    group = get_command(app)
     problems: list[str] = []
     for cell in {Cell(c.gamma, c.lr, c.replay_ratio, spec.seeds[0]) for c in spec.cells()}:
         argv = spec.argv(cell)
         try:
-            cmd = group.commands[spec.command]
-            ctx = cmd.make_context(spec.command, list(argv[1:]))
-            cfg = resolve(spec.command, ctx.params)
+            cfg = to_config(spec.command, list(argv[1:]))
         except ConfigErrors as e:
             problems += e.problems
             continue
-        except PosttrainError as e:
+        except PosttrainError as e:  # an unknown option, a missing value
             problems.append(str(e))
-            continue
-        except Exception as e:  # click usage errors (unknown option, missing value)
-            problems.append(e.format_message() if hasattr(e, "format_message") else str(e))
             continue
         if not (cfg.eval_split or cfg.eval_dataset):
             problems.append("a sweep needs an in-domain eval set: give --eval-split FRACTION or --eval-dataset FILE")

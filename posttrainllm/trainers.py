@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from posttrainllm.config.coerce import convert
 from posttrainllm.errors import DataError, ModelError, TrainingError, UsageError
 
 
@@ -168,7 +169,7 @@ class DivergenceGuardMixin:
         return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
-        from posttrainllm.checkpoints import nonfinite_parameters
+        from posttrainllm.rundir.checkpoints import nonfinite_parameters
 
         self._raise_if_diverged(getattr(self, "_tr_loss", None))
         bad = nonfinite_parameters(self.model)
@@ -209,21 +210,15 @@ class DivergenceGuardMixin:
         raise TrainingError(self._divergence_message(f"{what} became NaN/inf"))
 
     def _divergence_message(self, what: str) -> str:
-        from pathlib import Path
-
-        from posttrainllm.checkpoints import checkpoint_dirs, verify_checkpoint
+        from posttrainllm.rundir.layout import newest_good_checkpoint
 
         step = self.state.global_step
         since = self._nf_checked if self._nf_checked is not None else getattr(self, "_initial_global_step", 0)
         when = f"at step {step}" if step - since <= 1 else f"between steps {since + 1} and {step}"
-        good = [d for d in checkpoint_dirs(self.args.output_dir) if verify_checkpoint(d) is None]
+        good = newest_good_checkpoint(self.args.output_dir)
         kept = (
-            (
-                "the last good checkpoint is "
-                f"{Path(self.args.output_dir) / good[-1].name} (continue from it with "
-                "--resume "
-                "--allow-config-change and a lower --lr)"
-            )
+            f"the last good checkpoint is {good} "
+            "(continue from it with --resume --allow-config-change and a lower --lr)"
             if good
             else "no checkpoint had been saved"
         )
@@ -502,7 +497,7 @@ def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             try:
-                out[key] = coerce(value, hints[key])
+                out[key] = convert(value, hints[key])
             except ValueError:
                 problems.append(f"--trainer-arg {key}={_clip(value)}: expected {_type_name(hints[key])}")
     if problems:
@@ -528,75 +523,6 @@ def _field_types(cls) -> dict[str, Any]:
 
 def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def coerce(value: Any, hint: Any) -> Any:
-    """`value` (a command-line string or a YAML value) as type `hint`; ValueError when it cannot be."""
-    import enum
-    import json
-    import types
-    import typing
-
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is object:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if none and type(None) in args:
-            return None
-        for arg in sorted(
-            (a for a in args if a is not type(None)), key=lambda a: a is str
-        ):  # str last: it takes anything
-            try:
-                return coerce(value, arg)
-            except (ValueError, TypeError):
-                continue
-        raise ValueError
-    if origin is typing.Literal:
-        for arg in args:
-            if value == arg or str(value) == str(arg):
-                return arg
-        raise ValueError
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
-            return value.lower() in ("true", "yes", "1", "on")
-        raise ValueError
-    if hint is int:
-        if isinstance(value, bool):
-            raise ValueError
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return int(value) if isinstance(value, int) else int(str(value).strip())
-    if hint is float:
-        if isinstance(value, bool):
-            raise ValueError
-        return float(value)
-    if hint is str:
-        if isinstance(value, (dict, list)):
-            raise ValueError
-        return str(value)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return hint(value).value if isinstance(value, str) else hint(value).value
-    if origin in (list, tuple) or hint in (list, tuple):
-        if isinstance(value, str):
-            value = json.loads(value) if value.lstrip().startswith("[") else [v for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError
-        return [coerce(v, args[0]) for v in value] if args else list(value)
-    if origin is dict or hint is dict:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                raise ValueError from None
-        if not isinstance(value, dict):
-            raise ValueError
-        return value
-    if isinstance(value, hint if isinstance(hint, type) else object):
-        return value
-    raise ValueError
 
 
 def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None):

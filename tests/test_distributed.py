@@ -235,7 +235,7 @@ def test_fsdp2_sft_shards_the_planned_groups_and_saves_the_model_a_ddp_run_saves
     assert r.stdout.count("parameter groups: identical on all 2 ranks (fingerprint") == 1
     assert r.stdout.count("LR layer-decay: γ=0.8") == 1
     # sharded checkpoints, every shard listed in the COMPLETE marker
-    from posttrainllm.checkpoints import verify_checkpoint
+    from posttrainllm.rundir.layout import verify_checkpoint
 
     ckpt = out / "checkpoint-12"
     listed = json.loads((ckpt / "COMPLETE").read_text())["files"]
