@@ -20,6 +20,7 @@ another rank's failure as one message.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from posttrainllm.errors import TrainingError
@@ -120,30 +121,35 @@ def stop_with_launcher() -> bool:
         return False
 
 
-# what torch.distributed / gloo / the TCP store say when a peer is gone or did not answer in time
-_LOST = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "socket closed",
-    "connection refused",
-    "no route to host",
-    "gloo",
-    "nccl",
-    "distbackenderror",
-    "diststoreerror",
-    "distnetworkerror",
+# A lost rank is told by the exception's type: torch.distributed's network and store errors always mean a peer (or
+# the store) is gone; a backend error only in its connection-lost / timeout cases (NCCL's "unhandled cuda error"
+# is a DistBackendError too, and is this rank's own failure); gloo's transport raises plain RuntimeErrors, shaped
+# "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer ..." (measured with torch 2.13, 2 ranks: a killed
+# peer, and a peer that stopped answering for longer than the timeout).
+_PEER_GONE = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|timed out|timeout|socket closed|connection refused"
+    r"|no route to host|remote process exited|network error|communicator was aborted|ncclRemoteError",
+    re.IGNORECASE,
 )
+_GLOO_TRANSPORT = re.compile(r"^\[[^\]]*gloo/transport/[^\]]*\]")
+
+
+def is_lost_rank(exc: BaseException) -> bool:
+    """Whether `exc` says another rank (or the rendezvous store) stopped or did not answer, by its type (module
+    comment above); never for an error of this rank's own (a CUDA error, a bug) that happens to mention NCCL."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    if isinstance(exc, (dist.DistNetworkError, dist.DistStoreError)):
+        return True
+    if isinstance(exc, dist.DistBackendError):
+        return bool(_PEER_GONE.search(text))
+    return type(exc) is RuntimeError and bool(_GLOO_TRANSPORT.match(text)) and bool(_PEER_GONE.search(text))
 
 
 def lost_rank_error(exc: BaseException, timeout_s: int, output_dir: str) -> TrainingError | None:
     """The TrainingError to raise for `exc` when it means another rank stopped or did not answer; None otherwise."""
-    if world_size() <= 1:
-        return None
-    text = f"{type(exc).__name__}: {exc}"
-    if not any(k in text.lower() for k in _LOST):
+    if world_size() <= 1 or not is_lost_rank(exc):
         return None
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     good = newest_good_checkpoint(output_dir)

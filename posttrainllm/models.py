@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrainllm.config.coerce import convert
+from posttrainllm.constants import LAYER_COUNT_KEYS
 from posttrainllm.errors import ModelError, UsageError, one_line
 
 WEIGHT_FILES = (
@@ -237,7 +238,7 @@ def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
 
 def num_layers(ref: str, trust_remote_code: bool = False) -> int | None:
     """The config's block count (`num_hidden_layers`, `n_layer`, ...), if it says."""
-    return _config_int(ref, trust_remote_code, ("num_hidden_layers", "n_layer", "num_layers"))
+    return _config_int(ref, trust_remote_code, LAYER_COUNT_KEYS)
 
 
 def fit_embeddings_to_tokenizer(model, tokenizer) -> None:

@@ -20,6 +20,8 @@ from posttrainllm.rundir import checkpoints, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 
 TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
+# the library's argument (LLRDArgumentError.field) -> the option that sets it; any other: "layer-wise LR decay"
+LLRD_FLAGS = {"block_path": "--llrd-blocks", "lr_groups": "--lr-group", "loraplus_ratio": "--loraplus-ratio"}
 
 
 def plan_param_groups(cfg, model):
@@ -50,18 +52,8 @@ def plan_param_groups(cfg, model):
             f"LLRD: {e}. Fix: name the block list with --llrd-blocks PATH (recipe key `llrd_blocks`), "
             f"e.g. --llrd-blocks {example}; or use γ = 1 (no layer-wise decay)"
         ) from None
-    except ValueError as e:
-        text = str(e)
-        flag = (
-            "--llrd-blocks"
-            if "block list" in text
-            else "--lr-group"
-            if "LR group" in text
-            else "--loraplus-ratio"
-            if "loraplus" in text
-            else "layer-wise LR decay"
-        )
-        raise UsageError(f"{flag}: {text}") from None
+    except llrd.LLRDArgumentError as e:
+        raise UsageError(f"{LLRD_FLAGS.get(e.field, 'layer-wise LR decay')}: {e}") from None
     llrd.apply_freeze(plan)
     return plan
 
