@@ -233,14 +233,14 @@ def _sweep_command(
         from posttrainllm import sweep
 
         spec = sweep.parse(command, args)
-        from rich.console import Console
+        from posttrainllm import banner
 
-        console = Console(highlight=False, soft_wrap=True)
+        console = banner.console  # reads no markup: a cell's paths and the plot hint print as they are
         result = sweep.run(spec, echo=console.print)
         for line in sweep.recommendation_lines(result):
             console.print(line)
         if result.get("plot_note"):
-            console.print(f"[yellow]note:[/] {result['plot_note']}")
+            banner.note(result["plot_note"])
         console.print(f"results: {spec.output_dir / 'results.md'}")
         if result["failed"] and not result["summary"]:
             raise sweep.PosttrainError(f"every cell failed; see the logs in {spec.output_dir / 'logs'}")

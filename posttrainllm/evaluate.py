@@ -412,7 +412,7 @@ def evaluate_files(
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         bar = Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.description}", style="bold", markup=False),  # a file name is text, not markup
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),

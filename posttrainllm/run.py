@@ -102,9 +102,7 @@ def _prepare_output(cfg):
             run_dir.release()
             raise
         if skipped and is_rank0():
-            banner.console.print(
-                f"[yellow]note:[/] skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}"
-            )
+            banner.note(f"skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}")
     return run_dir, resume_from
 
 
@@ -503,8 +501,10 @@ def _report_interrupt(cfg, trainer, guard) -> None:
     resume_cmd = "posttrainllm " + " ".join(shlex.quote(a) for a in args + ([] if "--resume" in args else ["--resume"]))
     where = " (under the same launcher, on every node)" if distributed.world_size() > 1 else ""
     banner.console.print(
-        f"[yellow]interrupted[/] at step {step}{why}: checkpoint saved in "
-        f"{cfg.output_dir}. Resume with{where}:\n  {resume_cmd}"
+        banner.styled(
+            ("interrupted", "yellow"),
+            f" at step {step}{why}: checkpoint saved in {cfg.output_dir}. Resume with{where}:\n  {resume_cmd}",
+        )
     )
 
 
@@ -530,7 +530,7 @@ def _write_drift(run_dir, out: Path, report: dict) -> None:
     write_json(out / "drift.json", report)
     note = drift.plot(report, out / "drift.png", title=f"weight drift per depth: {out.name}")
     if note:
-        banner.console.print(f"note: {note}")
+        banner.note(note)
 
 
 def _write_model_card(

@@ -764,3 +764,15 @@ def test_demo_overwrite_refuses_a_directory_holding_files_it_did_not_write(tmp_p
     r = runner.invoke(app, ["demo", "--quick", "--overwrite", "--output-dir", str(out)])
     assert r.exit_code == 2 and "my-results.csv" in r.output, r.output
     assert snapshot(out) == before
+
+
+def test_a_users_dot_final_tmp_is_not_taken_for_posttrainllms(tmp_path):
+    """The final save goes through OUT/.posttrainllm/final-tmp; a top-level `.final-tmp` is not ours, so
+    --overwrite must refuse to replace it (it was once listed among the run's own records)."""
+    from posttrainllm.rundir import outdir
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".final-tmp").write_text("the user's")
+    (out / "run_config.json").write_text("{}")
+    assert outdir.foreign(out) == [".final-tmp"]

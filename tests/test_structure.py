@@ -109,3 +109,20 @@ def test_no_import_cycles_among_project_modules():
     graph = {a: {b for b in deps if not _is_package_edge(a, b)} for a, deps in graph.items()}
     cycles = find_cycles(graph)
     assert cycles == [], f"import cycles among project modules: {cycles}"
+
+
+def test_the_checkout_holds_no_leftover_data_files():
+    """b.jsonl / s.jsonl (32.8 MB of filler) once sat at the repository root, used by nothing."""
+    root = PKG.parent
+    assert not [p.name for p in root.glob("*.jsonl")]
+    assert not [p.name for p in root.glob("*.json")]
+
+
+def test_the_checkout_listing_sees_a_new_file(tmp_path):
+    from conftest import checkout_listing
+
+    (tmp_path / "a").mkdir()
+    before = checkout_listing(tmp_path)
+    (tmp_path / "a" / "left.jsonl").write_text("{}\n")
+    (tmp_path / "__pycache__").mkdir()
+    assert checkout_listing(tmp_path) - before == {"a/left.jsonl"}

@@ -66,7 +66,7 @@ INPUT_KEYS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset",
 def _note(text: str) -> None:
     from posttrainllm import banner
 
-    banner.console.print(f"[yellow]note:[/] {text}")
+    banner.note(text)
 
 
 # ------------------------------------------------------------------------------------------------------ ownership
