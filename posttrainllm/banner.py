@@ -146,10 +146,15 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: list[str] = ()) 
 
 def print_forgetting(report: dict[str, dict]) -> None:
     t = Table(title="out-of-domain perplexity (forgetting)", title_justify="left")
-    for col in ("text", "before", "after", "change"):
+    with_kl = any(r.get("kl") is not None for r in report.values())
+    for col in ("text", "before", "after", "change") + (("KL(base ‖ tuned)/token",) if with_kl else ()):
         t.add_column(col, justify="left" if col == "text" else "right")
     for name, r in report.items():
-        t.add_row(name, f"{r['before']:.3f}", f"{r['after']:.3f}", f"{r['change_pct']:+.2f}%")
+        change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
+        row = [name, f"{r['before']:.3f}", f"{r['after']:.3f}", change]
+        if with_kl:
+            row.append("-" if r.get("kl") is None else f"{r['kl']:.4f}")
+        t.add_row(*row)
     console.print(t)
 
 

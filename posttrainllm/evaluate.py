@@ -144,8 +144,9 @@ def _windows(n_tokens: int, max_length: int) -> int:
     return -(-n_tokens // max_length)
 
 
-def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress) -> dict:
-    """Perplexity of already tokenized text (see module docstring for the definition)."""
+def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress, reference=None) -> dict:
+    """Perplexity of already tokenized text (see module docstring for the definition); with a `reference` model,
+    also the mean per-token KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py)."""
     import numpy as np
     import torch
 
@@ -158,8 +159,9 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
 
     nll_sum = 0.0
     predicted = 0
+    kl = _KL(reference)
     ids = np.asarray(ids, dtype=np.int64)
-    with _EvalMode(model):
+    with _EvalMode(model), kl:
         # Full windows: all of length max_length, batched without padding.
         for b0 in range(0, full, batch_size):
             b1 = min(b0 + batch_size, full)
@@ -169,6 +171,7 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
                 s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
                 nll_sum += s
                 predicted += c
+            kl.add(batch, logits)
             del logits
             if progress is not None:
                 progress(b1 - b0)
@@ -179,6 +182,7 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
             s, c = _row_nll_sum(logits[0, :-1], batch[0, 1:])
             nll_sum += s
             predicted += c
+            kl.add(batch, logits)
             del logits
         if rest and progress is not None:
             progress(1)
@@ -192,7 +196,45 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
         "tokens": n,
         "predicted_tokens": predicted,
         "windows": _windows(n, max_length),
+        **kl.result(),
     }
+
+
+class _KL:
+    """The running KL(reference ‖ model) of one text: the reference's forward on each batch the model scored."""
+
+    def __init__(self, reference):
+        self.reference, self.total, self.count = reference, 0.0, 0
+
+    def __enter__(self):
+        self._mode = _EvalMode(self.reference) if self.reference is not None else None
+        if self._mode is not None:
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc) if self._mode is not None else False
+
+    def add(self, batch, logits) -> None:
+        import torch
+
+        from posttrainllm.divergence import kl_sum
+
+        if self.reference is None:
+            return
+        ref_in = batch.to(_model_device(self.reference))
+        ref_logits = self.reference(input_ids=ref_in, attention_mask=torch.ones_like(ref_in), use_cache=False).logits
+        ref_logits = ref_logits.to(logits.device)
+        for r in range(batch.shape[0]):
+            s, c = kl_sum(ref_logits[r, :-1], logits[r, :-1])
+            self.total += s
+            self.count += c
+        del ref_logits
+
+    def result(self) -> dict:
+        if self.reference is None or not self.count:
+            return {}
+        return {"kl": self.total / self.count}
 
 
 # ------------------------------------------------------------------------------------------------ public API
@@ -375,12 +417,15 @@ def evaluate_files(
     sft_examples=None,
     progress=True,
     batch_size: int = 8,
+    reference=None,
 ) -> dict:
     """Perplexity of several texts, plus (optionally) the SFT completion loss.
 
     ``texts``: a dict name → text content, or a list of paths to UTF-8 text files (named by basename;
     duplicate basenames get parent directories, e.g. ``a/val.txt`` and ``b/val.txt``).
-    Returns ``{name: text_perplexity(...) result, ..., "sft": sft_completion_loss(...) result}``.
+    Returns ``{name: text_perplexity(...) result, ..., "sft": sft_completion_loss(...) result}``. With a
+    ``reference`` model (same tokenizer), each text's result also holds ``"kl"``: the mean per-token
+    KL(reference ‖ model) over the same predicted positions (posttrainllm/divergence.py).
     A rich progress bar is shown on stderr when ``progress`` is true and stderr is a terminal; nothing is
     ever printed to stdout.
     """
@@ -426,7 +471,7 @@ def evaluate_files(
         for name, ids in tokenized.items():
             try:
                 step = update_for(name, _windows(len(ids), max_length))
-                results[name] = _score_ids(model, ids, max_length, batch_size, step)
+                results[name] = _score_ids(model, ids, max_length, batch_size, step, reference)
             except DataError as e:
                 raise DataError(f"{name}: {e}") from None
         if sft_examples is not None:
@@ -485,7 +530,8 @@ def _ppl_of(entry: Any) -> float | None:
 
 
 def forgetting_report(before: dict, after: dict) -> dict:
-    """Per name present in both: ``{"before": ppl, "after": ppl, "change_pct": 100 * (after / before - 1)}``.
+    """Per name present in both: ``{"before": ppl, "after": ppl, "change_pct": 100 * (after / before - 1)}``,
+    plus ``"kl"`` (KL(base ‖ tuned) per token) when the after-results hold one.
 
     Entries may be ``evaluate_files`` results (dicts with "perplexity"; an "sft" entry with only "loss" is
     compared as exp(loss)) or plain numbers. Names missing on either side are left out. ``change_pct`` is
@@ -500,6 +546,9 @@ def forgetting_report(before: dict, after: dict) -> dict:
             continue
         change = 100.0 * (a / b - 1.0) if (b != 0 and math.isfinite(b) and math.isfinite(a)) else None
         report[name] = {"before": b, "after": a, "change_pct": change}
+        kl = after[name].get("kl") if isinstance(after[name], Mapping) else None
+        if kl is not None:
+            report[name]["kl"] = kl
     return report
 
 
@@ -512,6 +561,7 @@ def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, tru
 
     ``device``: None → "cuda" if available else "cpu". ``dtype``: None → the checkpoint's dtype ("auto") on
     cuda, float32 on cpu; a torch dtype or a name ("bfloat16", "float16", "float32", "auto") is accepted.
+    A GGUF file (or a directory holding one) is converted once into the cache (``models.resolve_model``).
     Errors: a missing local path, a directory that is not a model, an offline hub id → ``UsageError``; a model or
     tokenizer that cannot be loaded → ``ModelError``.
     """
@@ -523,7 +573,7 @@ def load_for_eval(model_path: str, *, device: str | None = None, dtype=None, tru
     model_path = os.fspath(model_path)
     if not os.path.exists(os.path.expanduser(model_path)) and looks_local(model_path):
         raise UsageError(f"model path not found: {model_path}")
-    models.check_model_ref(model_path)
+    model_path, _ = models.resolve_model(model_path, trust_remote_code=trust_remote_code)  # a GGUF file: converted
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:

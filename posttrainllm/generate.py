@@ -116,10 +116,10 @@ def run(cfg, echo=print) -> None:
 
     quiet_progress_bars()
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
-    models.check_model_ref(cfg.model)
-    tokenizer = models.load_tokenizer(cfg.model, cfg.trust_remote_code)
+    model_path, _ = models.resolve_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
     model = models.load_model(
-        cfg.model, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto")
+        model_path, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto")
     )
     import torch
 

@@ -28,6 +28,7 @@ def render(
     forgetting: dict | None = None,
     drift: dict | None = None,
     output_dir: str = "",
+    model_source: dict | None = None,
 ) -> str:
     """The card's text. `data`: source, format, n_train, n_eval (and eval source); `metrics`: the trainer's."""
     from posttrainllm.banner import format_lr, summary_line
@@ -49,6 +50,11 @@ def render(
         origin = f"fine-tuned from [{hub_base}](https://huggingface.co/{hub_base})"
     else:
         origin = f"fine-tuned from the local model `{base_model}`"
+    if model_source:  # a GGUF file: name its quantization, since training started from dequantized weights
+        origin += (
+            f" (a GGUF file, {model_source['quantization']} weights dequantized to float; "
+            f"sha256 {str(model_source.get('sha256', '?'))[:12]}…)"
+        )
     lines = [
         f"# {name}",
         "",
@@ -99,15 +105,17 @@ def render(
             lines.append(f"| {key} | {_fmt(metrics[key])} |")
     lines.append("")
     if forgetting:
+        with_kl = any(r.get("kl") is not None for r in forgetting.values())
         lines += [
             "## Forgetting (held-out text perplexity before → after)",
             "",
-            "| text | before | after | change |",
-            "|---|---|---|---|",
+            "| text | before | after | change |" + (" KL(base ‖ tuned) per token |" if with_kl else ""),
+            "|---|---|---|---|" + ("---|" if with_kl else ""),
         ]
         for text, r in forgetting.items():
             change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
-            lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |")
+            kl = f" {_fmt(r.get('kl'), 4)} |" if with_kl else ""
+            lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |{kl}")
         lines.append("")
     if drift:
         lines += ["## Weight drift per depth (‖ΔW‖ / ‖W‖)", "", "| depth | drift |", "|---|---|"]

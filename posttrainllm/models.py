@@ -67,24 +67,82 @@ def check_model_ref(ref: str, what: str = "--model", hint: Callable[[], str | No
             )
         return
     if not p.is_dir():
-        raise UsageError(f"{what} {ref} is a file; pass the model directory (with config.json and weights) or a hub id")
+        raise UsageError(
+            f"{what} {ref} is a file; pass the model directory (with config.json and weights), a .gguf file or a hub id"
+        )
     if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
         raise UsageError(f"{what} {ref} has no config.json: not a Hugging Face model directory")
     if not any((p / f).is_file() for f in WEIGHT_FILES) and not list(p.glob("*.safetensors")):
         raise UsageError(f"{what} {ref} has no weights (model.safetensors / pytorch_model.bin)")
 
 
+def resolve_model(
+    ref: str, what: str = "--model", hint: Callable[[], str | None] | None = None, trust_remote_code: bool = False
+) -> tuple[str, dict[str, Any] | None]:
+    """What to load for `ref`: the model directory or hub id itself (checked by check_model_ref), or, for a GGUF
+    file (or a directory holding one), the directory it is converted into once (posttrainllm/gguf.py), with what
+    the file holds (architecture, quantization) as the second value."""
+    from posttrainllm import gguf
+
+    path = gguf.find_gguf(ref, what)
+    if path is None:
+        check_model_ref(ref, what, hint)
+        return ref, None
+    info = gguf.inspect(path, what)
+    return str(gguf.convert(path, info, trust_remote_code=trust_remote_code)), info
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AVX512-BF16 or AMX): without them torch emulates bf16 matmuls,
+    measured 0.3 GFLOPS against fp32's 50 on an AVX2 CPU (docs/performance.md)."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    try:
+        return any(bool(getattr(torch.cpu, name)()) for name in checks if hasattr(torch.cpu, name))
+    except Exception:  # noqa: BLE001 - an unknown CPU: assume no native support
+        return False
+
+
 def pick_precision(requested: str = "auto") -> str:
-    """auto → bf16 on a GPU that supports it, fp16 on other GPUs, fp32 on CPU (TRL's bf16 default fails on CPU)."""
+    """auto → bf16 on a GPU that supports it, fp16 on other GPUs, fp32 on CPU (bf16 autocast on CPU is opt-in:
+    `--precision bf16`; decision log 36). fp16 needs a GPU."""
     import torch
 
     if requested != "auto":
-        if requested in ("bf16", "fp16") and not torch.cuda.is_available():
-            raise UsageError(f"--precision {requested} needs a GPU; on CPU use fp32 (or auto)")
+        if requested == "fp16" and not torch.cuda.is_available():
+            raise UsageError("--precision fp16 needs a GPU; on CPU use fp32 (or bf16 where the CPU supports it)")
         return requested
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "fp32"
+
+
+def precision_reason(requested: str, picked: str) -> str:
+    """Why the run uses `picked` (the banner's precision row)."""
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if requested != "auto":
+        if picked == "bf16" and not on_gpu:
+            native = "native bf16 on this CPU" if cpu_has_native_bf16() else "this CPU has NO native bf16: slow"
+            return f"asked for: bf16 autocast, fp32 weights; {native}"
+        return "asked for"
+    if on_gpu:
+        return "auto: the GPU supports bf16" if picked == "bf16" else "auto: the GPU has no bf16"
+    return "auto: fp32 on CPU; --precision bf16 for autocast"
+
+
+def precision_notes(picked: str) -> list[str]:
+    """A warning when bf16 was asked for on a CPU without bf16 instructions."""
+    import torch
+
+    if picked != "bf16" or torch.cuda.is_available() or cpu_has_native_bf16():
+        return []
+    return [
+        "--precision bf16 on a CPU without bf16 instructions (AVX512-BF16/AMX): torch emulates bf16 matmuls, "
+        "which was over 100x slower than fp32 on such a CPU (docs/performance.md); use --precision fp32"
+    ]
 
 
 def load_tokenizer(

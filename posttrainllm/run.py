@@ -164,10 +164,27 @@ def _device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
 
 
-def _ood_eval(model, tokenizer, cfg) -> dict:
+def _ood_eval(model, tokenizer, cfg, reference=None) -> dict:
     from posttrainllm.evaluate import evaluate_files
 
-    return evaluate_files(model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0())
+    return evaluate_files(
+        model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0(), reference=reference
+    )
+
+
+def _kl_reference(cfg, model_path: str | None, precision: str):
+    """The base model again, for the forgetting report's KL column: loaded from --model after training (no second
+    copy is held while training), on the tuned model's device, in eval mode."""
+    from posttrainllm import models
+
+    if not model_path:
+        return None
+    import torch
+
+    ref = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    if torch.cuda.is_available():
+        ref = ref.to("cuda")
+    return ref.eval()
 
 
 def _stream_rows(cfg) -> int | None:
@@ -284,28 +301,38 @@ def _train(cfg, run_dir, resume_from) -> None:
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
     trainer_args = _check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
-    models.check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model))
-    model_args = models.check_model_args(cfg.model, cfg.model_args, cfg.trust_remote_code)
-    if cfg.command == "dpo" and cfg.ref_model:
-        models.check_model_ref(cfg.ref_model, "--ref-model", hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model))
-    notes: list[str] = []
-    tokenizer = models.load_tokenizer(
-        cfg.model, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+    model_path, source = models.resolve_model(
+        cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
     )
-    cfg, clamped = _clamp_max_length(cfg, models.max_positions(cfg.model, cfg.trust_remote_code))
+    model_args = models.check_model_args(model_path, cfg.model_args, cfg.trust_remote_code)
+    ref_path = None
+    if cfg.command == "dpo" and cfg.ref_model:
+        ref_path, ref_source = models.resolve_model(
+            cfg.ref_model,
+            "--ref-model",
+            hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model),
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    notes: list[str] = models.precision_notes(precision)
+    if source and (low := gguf_note(source)):
+        notes.append(low)
+    tokenizer = models.load_tokenizer(
+        model_path, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+    )
+    cfg, clamped = _clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
     notes += clamped
-    if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(cfg.model, cfg.trust_remote_code)):
+    if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
     prepared = _prepare_data(cfg, tokenizer)
     model = models.load_model(
-        cfg.model, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args
+        model_path, trust_remote_code=cfg.trust_remote_code, precision=precision, model_args=model_args
     )
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = None
     if cfg.command == "dpo" and not cfg.lora_r:
         ref_model = (
             models.load_model(
-                cfg.ref_model,
+                ref_path,
                 trust_remote_code=cfg.trust_remote_code,
                 precision=precision,
                 what="--ref-model",
@@ -327,7 +354,7 @@ def _train(cfg, run_dir, resume_from) -> None:
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
-        "model": f"{cfg.model} ({type(model).__name__}, {plan.num_layers} blocks, "
+        "model": f"{_model_name(cfg.model, source)} ({type(model).__name__}, {plan.num_layers} blocks, "
         f"{banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
         "data": describe(prepared),
         "loss on": prepared.loss.description if prepared.loss is not None else None,
@@ -340,7 +367,7 @@ def _train(cfg, run_dir, resume_from) -> None:
         else None,
         "DPO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "dpo" else None,
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
-        "precision": f"{precision} on {_device_name()}",
+        "precision": f"{precision} on {_device_name()} ({models.precision_reason(cfg.precision, precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
@@ -351,6 +378,10 @@ def _train(cfg, run_dir, resume_from) -> None:
         "trainer_args": trainer_args,
         "model_args": {k: str(v) for k, v in model_args.items()},
     }
+    if source:
+        resolved["model_source"] = {**source, "converted_to": model_path}
+    if ref_path and ref_source:
+        resolved["ref_model_source"] = {**ref_source, "converted_to": ref_path}
     if _show_plan(cfg, info, plan, notes, resolved, run_dir):
         return
 
@@ -367,6 +398,7 @@ def _train(cfg, run_dir, resume_from) -> None:
         plan,
         ref_model=ref_model,
         before=before,
+        model_path=model_path,
     )
 
 
@@ -381,7 +413,19 @@ def _at_last_step(trainer, checkpoint: Path) -> int | None:
 
 
 def _run_trainer(
-    cfg, kind, model, tokenizer, prepared, precision, resume_from, run_dir, plan, *, ref_model=None, before=None
+    cfg,
+    kind,
+    model,
+    tokenizer,
+    prepared,
+    precision,
+    resume_from,
+    run_dir,
+    plan,
+    *,
+    ref_model=None,
+    before=None,
+    model_path: str | None = None,
 ) -> None:
     from posttrainllm.trainers import build_trainer
 
@@ -406,7 +450,7 @@ def _run_trainer(
     if cfg.command != "pretrain":  # the weights before training, for the drift report (files on disk, no second model)
         from posttrainllm import drift
 
-        baseline = drift.Baseline(trainer.model, cfg.model)
+        baseline = drift.Baseline(trainer.model, model_path or cfg.model)
     t0 = time.time()
     last = _at_last_step(trainer, resume_from) if resume_from else None
     if last is not None:  # training had ended; only the final save is missing: no extra step
@@ -443,7 +487,11 @@ def _run_trainer(
 
         drift_report = drift.measure(trainer.model, baseline, plan)  # every rank: FSDP gathers sharded tensors
     # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
-    after = _ood_eval(trainer.model, tokenizer, cfg) if before is not None else None
+    after = None
+    if before is not None:
+        reference = _kl_reference(cfg, model_path, precision)
+        after = _ood_eval(trainer.model, tokenizer, cfg, reference=reference)
+        del reference
     if trainer.is_world_process_zero():
         out = Path(cfg.output_dir)
         trainer.state.save_to_json(str(out / "trainer_state.json"))
@@ -458,7 +506,7 @@ def _run_trainer(
             results["drift"] = drift_report
             _write_drift(run_dir, out, drift_report)
         write_json(out / "eval_results.json", results)
-        _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report)
+        _write_model_card(cfg, run_dir, plan, prepared, metrics, report, drift_report, model_path)
         write_json(
             out / layout.FINAL_MARKER,
             {
@@ -476,6 +524,42 @@ def _run_trainer(
             banner.print_drift(drift_report)
         first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
         banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+_TOKENIZER_PROBE = "The quick brown fox, 1234 times.\ndef f(x):\n    return {'a': x}  # ünïcode"
+
+
+def _eval_reference(cfg, tokenizer):
+    """eval --reference: the reference model, checked to tokenize like the model (KL compares token by token)."""
+    from posttrainllm import evaluate as ev
+
+    ref_model, ref_tok = ev.load_for_eval(cfg.reference, trust_remote_code=cfg.trust_remote_code)
+    ids = tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
+    if ref_tok(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"] != ids:
+        raise UsageError(
+            f"--reference {cfg.reference} tokenizes text differently from --model {cfg.model}: the KL compares "
+            "token by token, so pass the model's own base"
+        )
+    return ref_model
+
+
+def _model_name(ref: str, source: dict | None) -> str:
+    """The banner's name of the model: the reference as given, or a GGUF file with its quantization."""
+    from posttrainllm import gguf
+
+    return gguf.describe(source) if source else ref
+
+
+def gguf_note(source: dict) -> str | None:
+    from posttrainllm import gguf
+
+    return gguf.low_bit_note(source)
+
+
+def _gguf_record(model_path: str | None) -> dict | None:
+    from posttrainllm import gguf
+
+    return gguf.read_source(model_path) if model_path else None
 
 
 def _report_interrupt(cfg, trainer, guard) -> None:
@@ -534,7 +618,14 @@ def _write_drift(run_dir, out: Path, report: dict) -> None:
 
 
 def _write_model_card(
-    cfg, run_dir, plan, prepared, metrics: dict, forgetting: dict | None, drift_report: dict | None
+    cfg,
+    run_dir,
+    plan,
+    prepared,
+    metrics: dict,
+    forgetting: dict | None,
+    drift_report: dict | None,
+    model_path: str | None = None,
 ) -> None:
     from posttrainllm import model_card
 
@@ -557,6 +648,7 @@ def _write_model_card(
         forgetting=forgetting,
         drift=drift_report,
         output_dir=cfg.output_dir,
+        model_source=_gguf_record(model_path),
     )
     tmp = Path(cfg.output_dir) / "README.md.tmp"
     tmp.write_text(text, encoding="utf-8")
@@ -607,7 +699,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         f"{cfg.grad_accum}, block length {cfg.max_length})",
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
         f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
-        "precision": f"{precision} on {_device_name()}",
+        "precision": f"{precision} on {_device_name()} ({models.precision_reason(cfg.precision, precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {resume_from.name})" if resume_from else ""),
     }
@@ -615,7 +707,7 @@ def _pretrain(cfg, run_dir, resume_from) -> None:
         cfg,
         info,
         plan,
-        bottom_scale_note(cfg, plan),
+        bottom_scale_note(cfg, plan) + models.precision_notes(precision),
         {"n_train": prepared.n_train, "n_eval": prepared.n_eval, "trainer_args": trainer_args},
         run_dir,
     ):
@@ -630,25 +722,34 @@ def evaluate(cfg) -> None:
     """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
     from posttrainllm import evaluate as ev
     from posttrainllm.config import producing_recipe
-    from posttrainllm.models import check_model_ref
+    from posttrainllm.models import resolve_model
     from posttrainllm.trainers import quiet_progress_bars
 
     quiet_progress_bars()
-    if not Path(cfg.model).expanduser().exists():  # a hub id: offline and not cached is a usage error
-        check_model_ref(cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model))
-    model, tokenizer = ev.load_for_eval(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    model_path, _ = resolve_model(
+        cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
+    )
+    model, tokenizer = ev.load_for_eval(model_path, trust_remote_code=cfg.trust_remote_code)
     from posttrainllm.models import max_positions
 
-    cfg, clamped = _clamp_max_length(cfg, max_positions(cfg.model, cfg.trust_remote_code))
+    cfg, clamped = _clamp_max_length(cfg, max_positions(model_path, cfg.trust_remote_code))
     for note in clamped:
         print(f"note: {note}", file=sys.stderr)
+    reference = _eval_reference(cfg, tokenizer) if cfg.reference else None
     sft_examples = None
     if cfg.sft_dataset:
         from posttrainllm import data
 
         sft_examples = data.load(cfg.sft_dataset)  # memory-mapped; scored in chunks
     results = ev.evaluate_files(
-        model, tokenizer, list(cfg.text), cfg.max_length, sft_examples=sft_examples, progress=not cfg.json
+        model,
+        tokenizer,
+        list(cfg.text),
+        cfg.max_length,
+        sft_examples=sft_examples,
+        progress=not cfg.json,
+        batch_size=cfg.eval_batch_size,
+        reference=reference,
     )
     if cfg.json:
         print(json.dumps(ev.json_ready(results), allow_nan=False))
@@ -656,11 +757,13 @@ def evaluate(cfg) -> None:
     from rich.table import Table
 
     t = Table(title=f"eval: {cfg.model} (windows of {cfg.max_length} tokens)", title_justify="left")
-    for col in ("input", "perplexity", "tokens"):
+    cols = ("input", "perplexity", "tokens") + (("KL(reference ‖ model)/token",) if reference is not None else ())
+    for col in cols:
         t.add_column(col, justify="left" if col == "input" else "right")
     for name, r in results.items():
+        kl = [f"{r['kl']:.4f}" if r.get("kl") is not None else "-"] if reference is not None else []
         if "perplexity" in r:
-            t.add_row(name, f"{r['perplexity']:.4f}", str(r["tokens"]))
+            t.add_row(name, f"{r['perplexity']:.4f}", str(r["tokens"]), *kl)
         else:
-            t.add_row(name + " (completion loss)", f"{r['loss']:.4f}", str(r.get("completion_tokens", "")))
+            t.add_row(name + " (completion loss)", f"{r['loss']:.4f}", str(r.get("completion_tokens", "")), *kl)
     banner.console.print(t)

@@ -395,11 +395,11 @@ def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
         report_to=cfg.report_to,
         ddp_timeout=cfg.ddp_timeout,
         disable_tqdm=not interactive(),
-        use_cpu=precision == "fp32" and not _cuda_available(),
+        use_cpu=not _cuda_available(),  # bf16 on CPU: autocast (accelerate's CPU mixed precision)
         ddp_backend="gloo" if not _cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
-        dataloader_pin_memory=precision != "fp32",
+        dataloader_pin_memory=_cuda_available(),
     )
 
 

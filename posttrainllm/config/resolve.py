@@ -151,7 +151,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append(f"--prompts: {v['prompts']} does not exist")
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
-    for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model"):
+    for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model", "reference"):
         path = v.get(key)
         if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")

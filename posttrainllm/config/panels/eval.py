@@ -12,6 +12,16 @@ EVAL: tuple[Opt, ...] = (
         "text", list, [], "Text file to measure perplexity on (repeatable).", ("eval",), metavar="FILE", panel="Inputs"
     ),
     Opt(
+        "reference",
+        str,
+        None,
+        "Base model to compare with: adds the mean per-token KL(reference ‖ model) on each --text "
+        "(a directory, .gguf file or hub id; same tokenizer).",
+        ("eval",),
+        metavar="PATH_OR_HUB_ID",
+        panel="Inputs",
+    ),
+    Opt(
         "sft_dataset",
         str,
         None,

@@ -90,7 +90,8 @@ OPTIMISATION: tuple[Opt, ...] = (
         "precision",
         str,
         "auto",
-        "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16.",
+        "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 (on CPU too: autocast, "
+        "fp32 weights; fast only where the CPU has AVX512-BF16/AMX) or fp16 (GPU).",
         TRAINING,
         one_of(PRECISIONS),
         "NAME",
