@@ -84,7 +84,7 @@ def tied_row(plan) -> str | None:
     return f"tied input/output embeddings: {plan.tied_param_name} trains at {fmt_lr(plan.tied_lr)}, {where}"
 
 
-def _tied_elsewhere(plan, row) -> str | None:
+def tied_elsewhere(plan, row) -> str | None:
     """For the row that would hold a tied input/output matrix under the other policy, and holds nothing else:
     where that matrix trains (it is one tensor, grouped once, at the depth its policy gives it)."""
     if not plan.tied or row.get("n_params"):
@@ -108,7 +108,7 @@ def block_table(plan) -> Table:
     for r in plan.rows:
         name = r["block"] + (" (tied)" if r.get("tied") else "")
         frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
-        if frozen == "not trainable" and (where := _tied_elsewhere(plan, r)):
+        if frozen == "not trainable" and (where := tied_elsewhere(plan, r)):
             frozen = where
         cells = [name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}"]
         cells += [", ".join(r.get("factors", []))] if with_factors else []

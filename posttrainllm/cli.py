@@ -1,7 +1,8 @@
 """The `posttrainllm` command line: one short function per command; heavy imports only when a run starts.
 
 Each command: parse (Typer) → resolve + validate the config (posttrainllm/config/, torch-free) → hand off to
-`posttrainllm.run`, which imports torch/transformers/TRL. Errors become exit codes here, in one place.
+`posttrainllm.commands.<command>.main`, which imports torch/transformers/TRL. Errors become exit codes here, in one
+place.
 """
 
 from __future__ import annotations
@@ -137,65 +138,50 @@ def _error(message: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", markup=True)
 
 
-# -- the commands: each hands the resolved config to the run module (heavy imports happen there) -------------------
-def _train(cfg):
-    from posttrainllm import run
+# -- the commands: each hands the resolved config to posttrainllm/commands/<command>.py (heavy imports happen there)
+def _main_of(command: str) -> Callable[[Any], None]:
+    def handler(cfg) -> None:
+        import importlib
 
-    run.train(cfg)
+        importlib.import_module(f"posttrainllm.commands.{command}").main(cfg)
 
-
-def _pretrain(cfg):
-    from posttrainllm import run
-
-    run.pretrain(cfg)
-
-
-def _eval(cfg):
-    from posttrainllm import run
-
-    run.evaluate(cfg)
-
-
-def _generate(cfg):
-    from posttrainllm import generate
-
-    generate.run(cfg)
-
-
-def _demo(cfg):
-    from posttrainllm import demo
-
-    demo.run_demo(cfg)
+    return handler
 
 
 _register(
     "pretrain",
     "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).",
-    _pretrain,
+    _main_of("pretrain"),
 )
 _register(
     "sft",
     "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).",
-    _train,
+    _main_of("sft"),
 )
 _register(
     "dpo",
     "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).",
-    _train,
+    _main_of("dpo"),
 )
-_register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _train)
 _register(
-    "eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval
+    "finetune",
+    "Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
+    _main_of("finetune"),
+)
+_register(
+    "eval",
+    "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.",
+    _main_of("eval"),
 )
 _register(
     "generate",
     "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.",
-    _generate,
+    _main_of("generate"),
 )
 _register(
     "demo",
     "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
-    _demo,
+    _main_of("demo"),
 )
 
 

@@ -79,9 +79,9 @@ def test_llrd_absent_is_flat():
 )
 def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
     seen = {}
-    import posttrainllm.run as run
+    import posttrainllm.commands.sft as sft
 
-    monkeypatch.setattr(run, "train", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
     r = runner.invoke(app, ["sft", "--model", "org/model", "--dataset", "org/data", "--output-dir", "o", *argv])
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == expected

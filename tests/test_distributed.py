@@ -356,7 +356,7 @@ def test_fsdp1_on_cpu_is_refused_instead_of_running_as_ddp(monkeypatch):
     from types import SimpleNamespace
 
     from posttrainllm.errors import UsageError
-    from posttrainllm.trainers import EngineMixin
+    from posttrainllm.training import EngineMixin
 
     class Base:
         def create_accelerator_and_postprocess(self):

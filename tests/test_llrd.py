@@ -541,7 +541,7 @@ def test_several_bad_arguments_are_reported_at_once_with_every_field():
 )
 def test_the_cli_names_the_flag_from_the_errors_field_whatever_its_words(field, flag, monkeypatch):
     """A reworded library message (none of the words the CLI once looked for) still blames the right flag."""
-    from posttrainllm import llrd, run
+    from posttrainllm import llrd, planning
     from posttrainllm.config import resolve
     from posttrainllm.errors import UsageError
 
@@ -551,5 +551,5 @@ def test_the_cli_names_the_flag_from_the_errors_field_whatever_its_words(field, 
     monkeypatch.setattr(llrd, "build_param_groups", reworded)
     cfg = resolve("sft", {"model": "org/m", "dataset": "org/d", "output_dir": "o"})
     with pytest.raises(UsageError) as exc:
-        run.plan_param_groups(cfg, _tiny_blocks_model())
+        planning.plan_param_groups(cfg, _tiny_blocks_model())
     assert str(exc.value) == f"{flag}: this argument is not acceptable"

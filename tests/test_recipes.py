@@ -69,9 +69,9 @@ def test_cli_llrd_overrides_recipe_llrd(tmp_path, monkeypatch):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: org/m\ndataset: org/d\noutput_dir: o\nllrd: 0.8\n")
     seen = {}
-    import posttrainllm.run as run
+    import posttrainllm.commands.sft as sft
 
-    monkeypatch.setattr(run, "train", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
     r = runner.invoke(app, ["sft", "--recipe", str(recipe), "--llrd", "0.6"])
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == 0.6

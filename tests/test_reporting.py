@@ -22,11 +22,11 @@ def _printed(fn) -> str:
 def test_the_missing_matplotlib_hint_keeps_its_brackets(monkeypatch, tmp_path):
     """drift.png cannot be drawn without matplotlib: the note must print `pip install 'posttrainllm[plot]'` (Rich
     markup once read `[plot]` as a style tag and dropped it)."""
-    from posttrainllm import run
+    from posttrainllm import records
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     report = {"depths": [{"block": "embeddings", "drift": 0.01}, {"block": "head", "drift": 0.05}]}
-    out = _printed(lambda: run._write_drift(SimpleNamespace(own=lambda names: None), tmp_path, report))
+    out = _printed(lambda: records.write_drift(SimpleNamespace(own=lambda names: None), tmp_path, report))
     assert "pip install 'posttrainllm[plot]'" in out, out
 
 

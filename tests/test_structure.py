@@ -126,3 +126,32 @@ def test_the_checkout_listing_sees_a_new_file(tmp_path):
     (tmp_path / "a" / "left.jsonl").write_text("{}\n")
     (tmp_path / "__pycache__").mkdir()
     assert checkout_listing(tmp_path) - before == {"a/left.jsonl"}
+
+
+# --------------------------------------------------------------------------------------------- small rooms
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+# data tables, not logic: allowed to be long (keep this list short)
+LONG_DATA_TABLES: set[str] = set()
+
+
+def _functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def test_no_product_module_is_over_500_lines():
+    long = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    over = {m: n for m, n in long.items() if n > MAX_MODULE_LINES and m not in LONG_DATA_TABLES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+def test_no_function_is_over_80_lines():
+    over = {}
+    for mod, path in _modules().items():
+        for fn in _functions(ast.parse(path.read_text())):
+            n = fn.end_lineno - fn.lineno + 1
+            if n > MAX_FUNCTION_LINES and f"{mod}.{fn.name}" not in LONG_DATA_TABLES:
+                over[f"{mod}.{fn.name}"] = n
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
