@@ -58,7 +58,7 @@ def nominal_bits(type_name: str) -> float:
         return 16.0
     if name == "I8":
         return 8.0
-    m = re.match(r"T?I?Q(\d+)", name)
+    m = re.match(r"(?:T?I?Q|MXFP|NVFP)(\d+)", name)  # MXFP4/NVFP4: 4-bit floats with a shared scale
     return float(m.group(1)) if m else 32.0
 
 
@@ -106,11 +106,22 @@ def _field(reader, key: str):
         return None
 
 
+# llama.cpp's names for architectures that transformers lists under its own name (and renames when reading a file,
+# modeling_gguf_pytorch_utils.load_gguf_checkpoint): a Qwen3-MoE GGUF says "qwen3moe", never "qwen3_moe"
+LLAMA_CPP_NAMES = {
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    "gpt-oss": "gpt_oss",
+    "minimax-m2": "minimax_m2",
+    "t5encoder": "t5",
+}
+
+
 def check_architecture(arch: str | None, path: Path, what: str = "--model") -> None:
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     supported = [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer")]
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES or arch in ("general", "tokenizer"):
+    if LLAMA_CPP_NAMES.get(arch, arch) not in supported:
         import transformers
 
         raise UsageError(
