@@ -77,10 +77,12 @@ def environment(quick: bool) -> dict:
     """What the demo's numbers depend on besides its fixed data, seed and steps."""
     import torch
     import transformers
+    import trl
 
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "trl": trl.__version__,
         "threads": torch.get_num_threads(),
         "seed": 0,
         "quick": quick,

@@ -255,9 +255,9 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     check_model_ref(ref, what)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float32}[
-        precision
-    ]  # fp16: AMP on fp32 weights
+    # fp16: AMP on fp32 weights; bf16: bf16 weights on a GPU, autocast over fp32 weights on a CPU (decision log 36)
+    bf16 = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    dtype = {"fp32": torch.float32, "bf16": bf16, "fp16": torch.float32}[precision]
     kwargs = {"dtype": dtype, **(model_args or {})}
     try:
         model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, **kwargs)

@@ -43,13 +43,14 @@ def report_interrupt(cfg, trainer, guard) -> None:
 
 
 def log_forgetting(trainer, report: dict) -> None:
-    """The forgetting report to the experiment trackers too (ood/<file>/ppl_before, ppl_after, change_pct)."""
+    """The forgetting report to the experiment trackers too (ood/<file>/ppl_before, ppl_after, change_pct, kl)."""
     logs = {}
     for name, r in report.items():
         for key, value in (
             ("ppl_before", r.get("before")),
             ("ppl_after", r.get("after")),
             ("change_pct", r.get("change_pct")),
+            ("kl", r.get("kl")),
         ):
             if isinstance(value, (int, float)) and math.isfinite(value):
                 logs[f"ood/{name}/{key}"] = value

@@ -57,8 +57,8 @@ def test_the_readme_quotes_the_recorded_demo_run():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert demo.render_table(record["runs"]) in readme
     env = record["environment"]
-    assert not env["quick"]
     assert f"torch {env['torch']}" in readme and f"{env['threads']} threads" in readme
+    assert ("demo --quick" in readme) == env["quick"]  # the README says which demo the table is
 
 
 def test_the_demo_prints_its_table_as_render_table_does(tmp_path):
@@ -72,8 +72,8 @@ def test_the_demo_prints_its_table_as_render_table_does(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("POSTTRAINLLM_CHECK_DEMO"), reason="set POSTTRAINLLM_CHECK_DEMO=1 (minutes)")
-def test_a_fresh_full_demo_reproduces_the_record(tmp_path):
-    """Opt-in: the full demo, re-run in this environment, gives the recorded numbers (same torch and threads)."""
+def test_a_fresh_demo_reproduces_the_record(tmp_path):
+    """Opt-in: the recorded demo (full or --quick), re-run in this environment, gives the recorded numbers."""
     import torch
 
     record = json.loads(RECORD.read_text())
@@ -83,7 +83,10 @@ def test_a_fresh_full_demo_reproduces_the_record(tmp_path):
     ):
         pytest.skip("the record was made with another torch version or thread count")
     out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "posttrainllm", "demo", "--output-dir", str(out)], capture_output=True)
+    quick = ["--quick"] if record["environment"]["quick"] else []
+    r = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "demo", *quick, "--output-dir", str(out)], capture_output=True
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     fresh = json.loads((out / "demo_results.json").read_text())
     for label, row in record["runs"].items():

@@ -29,7 +29,7 @@ LLRD: tuple[Opt, ...] = (
         "[GAMMA]",
         bare=LLRD_BARE,
         panel="Layer-wise LR decay",
-        deprecated=("lr_layer_decay",),  # pretrain's name for it until 0.1: still read, not shown (decision 35)
+        deprecated=("lr_layer_decay",),  # pretrain's name for it until 0.1: still read, not shown (decision 39)
     ),
     Opt(
         "llrd_bottom_scale",
