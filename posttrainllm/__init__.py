@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockStructureError",
+    "LLRDArgumentError",
     "LLRDPlan",
     "__version__",
     "apply_freeze",

@@ -1,14 +1,27 @@
-"""Rich output: the run banner with the per-block LR table, and end-of-run summaries."""
+"""Rich output: the run banner with the per-block LR table, and end-of-run summaries.
+
+The console reads no markup: every string printed (a path, a data value, a hint such as
+`pip install 'posttrainllm[plot]'`) is shown as it is; styles are given as `rich.text.Text` parts (`note`, `styled`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, markup=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Plain strings and (text, style) pairs as one line; nothing in them is read as markup."""
+    return Text.assemble(*parts)
+
+
+def note(text: str) -> None:
+    """`note: TEXT` (the word in yellow); TEXT is printed as it is (brackets included)."""
+    console.print(styled(("note:", "yellow"), " ", str(text)))
 
 
 def format_lr(x: float) -> str:
@@ -71,6 +84,18 @@ def tied_row(plan) -> str | None:
     return f"tied input/output embeddings: {plan.tied_param_name} trains at {fmt_lr(plan.tied_lr)}, {where}"
 
 
+def tied_elsewhere(plan, row) -> str | None:
+    """For the row that would hold a tied input/output matrix under the other policy, and holds nothing else:
+    where that matrix trains (it is one tensor, grouped once, at the depth its policy gives it)."""
+    if not plan.tied or row.get("n_params"):
+        return None
+    if row.get("depth") == 0 and plan.tied_policy == "head":
+        return "tied to the head: trains at the head's LR"
+    if row.get("block") == "head" and plan.tied_policy == "embedding":
+        return "tied to the embeddings: trains at their LR"
+    return None
+
+
 def block_table(plan) -> Table:
     """One row per depth; a "× factors" column when --lr-group / --loraplus-ratio put extra factors on top."""
     t = Table(title="per-block learning rates", title_justify="left", show_edge=False, pad_edge=False)
@@ -83,6 +108,8 @@ def block_table(plan) -> Table:
     for r in plan.rows:
         name = r["block"] + (" (tied)" if r.get("tied") else "")
         frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
+        if frozen == "not trainable" and (where := tied_elsewhere(plan, r)):
+            frozen = where
         cells = [name, fmt_count(r["n_params"]), fmt_lr(r["lr"]), f"{r['scale']:.4g}"]
         cells += [", ".join(r.get("factors", []))] if with_factors else []
         t.add_row(*cells, f"{r['weight_decay']:g}", frozen)
@@ -97,7 +124,7 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: list[str] = ()) 
     for k, v in info.items():
         if v not in (None, ""):
             t.add_row(k, str(v))
-    console.rule(f"[bold]posttrainllm {title}")
+    console.rule(styled((f"posttrainllm {title}", "bold")))
     console.print(t)
     console.print(llrd_row(plan))
     if tied := tied_row(plan):
@@ -112,7 +139,7 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: list[str] = ()) 
     if plan.min_scale > 0:
         console.print(f"LR scale clamped at {plan.min_scale:g} (--llrd-min-scale)")
     for w in list(plan.warnings) + list(notes):
-        console.print(f"[yellow]note:[/] {w}")
+        note(w)
     console.print(block_table(plan))
     console.print(f"{len(plan.groups)} optimizer groups")
 
@@ -124,7 +151,7 @@ def print_forgetting(report: dict[str, dict]) -> None:
         t.add_column(col, justify="left" if col == "text" else "right")
     for name, r in report.items():
         change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
-        row = [escape(name), f"{r['before']:.3f}", f"{r['after']:.3f}", change]
+        row = [name, f"{r['before']:.3f}", f"{r['after']:.3f}", change]
         if with_kl:
             row.append("-" if r.get("kl") is None else f"{r['kl']:.4f}")
         t.add_row(*row)

@@ -1,7 +1,8 @@
 """The `posttrainllm` command line: one short function per command; heavy imports only when a run starts.
 
-Each command: parse (Typer) → resolve + validate the config (config.py, torch-free) → hand off to
-`posttrainllm.run`, which imports torch/transformers/TRL. Errors become exit codes here, in one place.
+Each command: parse (Typer) → resolve + validate the config (posttrainllm/config/, torch-free) → hand off to
+`posttrainllm.commands.<command>.main`, which imports torch/transformers/TRL. Errors become exit codes here, in one
+place.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from posttrainllm import __version__
 from posttrainllm.config import Opt, options_for, resolve
+from posttrainllm.config.argv import with_bare_values
 from posttrainllm.errors import PosttrainError
 
 HELP = (
@@ -30,20 +32,16 @@ class OptionalValueCommand(TyperCommand):
     Click has no optional-value options that also accept negative or text values, so the argument list is
     rewritten before parsing: a bare flag (followed by nothing or by another `--option`) gets its bare value.
     Anything else that follows is taken as the value and validated (so `--llrd -1` or `--llrd abc` are errors).
+
+    The rewrite (and the deprecated names it maps to their option's flag) is posttrainllm/config/argv.py's, which
+    the sweep uses to read its cells without Typer.
     """
 
-    bare_values: dict[str, str] = {}
+    command_name: str = ""
 
     def parse_args(self, ctx, args):
-        out = []
-        for i, tok in enumerate(args):
-            out.append(tok)
-            if tok in self.bare_values:
-                nxt = args[i + 1] if i + 1 < len(args) else None
-                if nxt is None or nxt.startswith("--"):
-                    out.append(self.bare_values[tok])
         ctx.meta["posttrainllm.argv"] = [ctx.info_name, *args]  # the command line as given (model card, resume hint)
-        return super().parse_args(ctx, out)
+        return super().parse_args(ctx, with_bare_values(self.command_name, list(args)))
 
 
 app = typer.Typer(
@@ -105,7 +103,7 @@ def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None
     cls = type(
         f"{name.title()}Command",
         (OptionalValueCommand,),
-        {"bare_values": {o.cli_flag: str(o.bare) for o in opts if o.bare is not None}},
+        {"command_name": name},
     )
     app.command(name, cls=cls, help=help_text)(command)
 
@@ -140,65 +138,50 @@ def _error(message: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", markup=True)
 
 
-# -- the commands: each hands the resolved config to the run module (heavy imports happen there) -------------------
-def _train(cfg):
-    from posttrainllm import run
+# -- the commands: each hands the resolved config to posttrainllm/commands/<command>.py (heavy imports happen there)
+def _main_of(command: str) -> Callable[[Any], None]:
+    def handler(cfg) -> None:
+        import importlib
 
-    run.train(cfg)
+        importlib.import_module(f"posttrainllm.commands.{command}").main(cfg)
 
-
-def _pretrain(cfg):
-    from posttrainllm import run
-
-    run.pretrain(cfg)
-
-
-def _eval(cfg):
-    from posttrainllm import run
-
-    run.evaluate(cfg)
-
-
-def _generate(cfg):
-    from posttrainllm import generate
-
-    generate.run(cfg)
-
-
-def _demo(cfg):
-    from posttrainllm import demo
-
-    demo.run_demo(cfg)
+    return handler
 
 
 _register(
     "pretrain",
     "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).",
-    _pretrain,
+    _main_of("pretrain"),
 )
 _register(
     "sft",
     "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).",
-    _train,
+    _main_of("sft"),
 )
 _register(
     "dpo",
     "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).",
-    _train,
+    _main_of("dpo"),
 )
-_register("finetune", "Causal-LM training on raw text with transformers' Trainer (continued pre-training).", _train)
 _register(
-    "eval", "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.", _eval
+    "finetune",
+    "Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
+    _main_of("finetune"),
+)
+_register(
+    "eval",
+    "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.",
+    _main_of("eval"),
 )
 _register(
     "generate",
     "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.",
-    _generate,
+    _main_of("generate"),
 )
 _register(
     "demo",
     "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
-    _demo,
+    _main_of("demo"),
 )
 
 
@@ -236,14 +219,14 @@ def _sweep_command(
         from posttrainllm import sweep
 
         spec = sweep.parse(command, args)
-        from rich.console import Console
+        from posttrainllm import banner
 
-        console = Console(highlight=False, soft_wrap=True)
+        console = banner.console  # reads no markup: a cell's paths and the plot hint print as they are
         result = sweep.run(spec, echo=console.print)
         for line in sweep.recommendation_lines(result):
             console.print(line)
         if result.get("plot_note"):
-            console.print(f"[yellow]note:[/] {result['plot_note']}")
+            banner.note(result["plot_note"])
         console.print(f"results: {spec.output_dir / 'results.md'}")
         if result["failed"] and not result["summary"]:
             raise sweep.PosttrainError(f"every cell failed; see the logs in {spec.output_dir / 'logs'}")

@@ -2,3 +2,4 @@
 
 TIED_POLICIES = ("embedding", "head")  # what LR a tied input/output embedding matrix gets
 DEFAULT_TIED_POLICY = "head"  # measured: bench/tied_policy.py, docs/decision_log.md entry 14
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")  # a config's block count, first found wins

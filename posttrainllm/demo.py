@@ -16,24 +16,26 @@ from pathlib import Path
 
 from rich.table import Table
 
-from posttrainllm import banner, checkpoints
+from posttrainllm import banner
 from posttrainllm.config import resolve
 from posttrainllm.errors import UsageError
+from posttrainllm.rundir.layout import write_json
 
 DEMO_GAMMA = 0.8
+TABLE_TITLE = "demo: flat vs layer-wise LR decay (same base, data, steps and LR)"
 DEMO_ENTRIES = ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json")  # what the demo writes
 
 
 def _stage(command: str, values: dict) -> None:
-    from posttrainllm import run
+    import importlib
 
     cfg = resolve(command, values)
-    (run.pretrain if command == "pretrain" else run.train)(cfg)
+    importlib.import_module(f"posttrainllm.commands.{command}").main(cfg)
 
 
 def _check_demo_dir(out: Path, label: str, overwrite: bool) -> None:
     """A non-empty directory needs --overwrite, and then may hold only what the demo writes. Nothing is deleted here:
-    each stage replaces its own run directory the way --overwrite does (posttrainllm/outdir.py)."""
+    each stage replaces its own run directory the way --overwrite does (posttrainllm/rundir/outdir.py)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {label} is a file")
     names = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
@@ -48,6 +50,43 @@ def _check_demo_dir(out: Path, label: str, overwrite: bool) -> None:
             "write; --overwrite only replaces the demo's own results: choose "
             "another --output-dir"
         )
+
+
+def results_table(summary: dict) -> Table:
+    """The comparison table of the demo's runs (`summary`: label -> eval_loss, before, after, change_pct)."""
+    t = Table(title=TABLE_TITLE, title_justify="left")
+    for col in ("run", "val loss (instructions)", "held-out code PPL before", "after", "change"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for label, r in summary.items():
+        t.add_row(label, f"{r['eval_loss']:.4f}", f"{r['before']:.2f}", f"{r['after']:.2f}", f"{r['change_pct']:+.1f}%")
+    return t
+
+
+def render_table(summary: dict) -> str:
+    """The table as plain text, the same on every terminal (what the README quotes; tests/test_demo.py checks it)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=100, markup=False, highlight=False, color_system=None)
+    console.print(results_table(summary))
+    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
+
+
+def environment(quick: bool) -> dict:
+    """What the demo's numbers depend on besides its fixed data, seed and steps."""
+    import torch
+    import transformers
+    import trl
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "threads": torch.get_num_threads(),
+        "seed": 0,
+        "quick": quick,
+    }
 
 
 def run_demo(cfg) -> None:
@@ -98,18 +137,18 @@ def run_demo(cfg) -> None:
             },
         )
     summary = {}
-    t = Table(title="demo: flat vs layer-wise LR decay (same base, data, steps and LR)", title_justify="left")
-    for col in ("run", "val loss (instructions)", "held-out code PPL before", "after", "change"):
-        t.add_column(col, justify="left" if col == "run" else "right")
     for label, gamma in runs.items():
         name = "sft-flat" if gamma == "1.0" else f"sft-llrd-{gamma}"
         res = json.loads((out / name / "eval_results.json").read_text())
         ood = next(iter(res["ood"].values()))
-        val = res["train"].get("eval_loss")
-        summary[label] = {"eval_loss": val, **ood}
-        t.add_row(label, f"{val:.4f}", f"{ood['before']:.2f}", f"{ood['after']:.2f}", f"{ood['change_pct']:+.1f}%")
-    checkpoints.write_json(out / "demo_results.json", summary)
-    banner.console.print(t)
+        summary[label] = {"eval_loss": res["train"].get("eval_loss"), **ood}
+    write_json(out / "demo_results.json", summary)
+    print(render_table(summary))
+    env = environment(quick)
+    banner.console.print(
+        f"(torch {env['torch']}, transformers {env['transformers']}, {env['threads']} threads, seed {env['seed']}"
+        f"{', --quick' if quick else ''}: the numbers depend on these)"
+    )
     banner.console.print(
         "At the same base LR, layer decay trades a little in-domain progress "
         "for much less drift of what the base knew. "

@@ -8,7 +8,7 @@ another rank's failure as one message.
 - **A worker never outlives its launcher.** torchrun starts each worker in a session of its own, so a launcher
   killed alone leaves its workers training as orphans (the other nodes never notice). Under torchrun/accelerate
   launch a worker asks the kernel (Linux) for SIGTERM when its launcher dies: it then stops as on any SIGTERM, and
-  every rank checkpoints at the same step and exits (posttrainllm/checkpoints.py).
+  every rank checkpoints at the same step and exits (posttrainllm/rundir/signals.py).
 - **Ranks decide together.** Whether to stop for a signal, whether the loss diverged and whether the weights hold
   NaN/inf are decided by all ranks at once (`max_over_ranks`, one all-reduce of a CPU scalar): a rank that decided
   alone would leave the others waiting in the next collective.
@@ -20,13 +20,13 @@ another rank's failure as one message.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from posttrainllm.errors import TrainingError
+from posttrainllm.rundir.layout import newest_good_checkpoint, world_size
 
-
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+__all__ = ["world_size"]  # re-exported: the rank helpers live in the leaf posttrainllm/rundir/layout.py
 
 
 def on_cpu() -> bool:
@@ -121,39 +121,40 @@ def stop_with_launcher() -> bool:
         return False
 
 
-# what torch.distributed / gloo / the TCP store say when a peer is gone or did not answer in time
-_LOST = (
-    "connection closed by peer",
-    "connection reset by peer",
-    "broken pipe",
-    "timed out",
-    "timeout",
-    "socket closed",
-    "connection refused",
-    "no route to host",
-    "gloo",
-    "nccl",
-    "distbackenderror",
-    "diststoreerror",
-    "distnetworkerror",
+# A lost rank is told by the exception's type: torch.distributed's network and store errors always mean a peer (or
+# the store) is gone; a backend error only in its connection-lost / timeout cases (NCCL's "unhandled cuda error"
+# is a DistBackendError too, and is this rank's own failure); gloo's transport raises plain RuntimeErrors, shaped
+# "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer ..." (measured with torch 2.13, 2 ranks: a killed
+# peer, and a peer that stopped answering for longer than the timeout).
+_PEER_GONE = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|timed out|timeout|socket closed|connection refused"
+    r"|no route to host|remote process exited|network error|communicator was aborted|ncclRemoteError",
+    re.IGNORECASE,
 )
+_GLOO_TRANSPORT = re.compile(r"^\[[^\]]*gloo/transport/[^\]]*\]")
+
+
+def is_lost_rank(exc: BaseException) -> bool:
+    """Whether `exc` says another rank (or the rendezvous store) stopped or did not answer, by its type (module
+    comment above); never for an error of this rank's own (a CUDA error, a bug) that happens to mention NCCL."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    if isinstance(exc, (dist.DistNetworkError, dist.DistStoreError)):
+        return True
+    if isinstance(exc, dist.DistBackendError):
+        return bool(_PEER_GONE.search(text))
+    return type(exc) is RuntimeError and bool(_GLOO_TRANSPORT.match(text)) and bool(_PEER_GONE.search(text))
 
 
 def lost_rank_error(exc: BaseException, timeout_s: int, output_dir: str) -> TrainingError | None:
     """The TrainingError to raise for `exc` when it means another rank stopped or did not answer; None otherwise."""
-    if world_size() <= 1:
-        return None
-    text = f"{type(exc).__name__}: {exc}"
-    if not any(k in text.lower() for k in _LOST):
+    if world_size() <= 1 or not is_lost_rank(exc):
         return None
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    from pathlib import Path
-
-    from posttrainllm.checkpoints import checkpoint_dirs, verify_checkpoint
-
-    good = [d for d in checkpoint_dirs(output_dir) if verify_checkpoint(d) is None]
+    good = newest_good_checkpoint(output_dir)
     resume = (
-        (f"the newest complete checkpoint is {Path(output_dir) / good[-1].name}: start every node again with --resume")
+        f"the newest complete checkpoint is {good}: start every node again with --resume"
         if good
         else "no complete checkpoint was saved yet"
     )

@@ -1,7 +1,7 @@
 """How far a model's predictions moved from a reference's: the mean per-token KL(reference ‖ model).
 
 On held-out text, at every predicted position t (the same windows and positions as the perplexity, see
-posttrainllm/evaluate.py), with p = the reference's next-token distribution and q = the model's:
+posttrainllm/evaluate/scoring.py), with p = the reference's next-token distribution and q = the model's:
 
     KL(p ‖ q) = Σ_v p(v) · (log p(v) − log q(v)),   mean over the predicted positions.
 

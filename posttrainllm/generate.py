@@ -112,7 +112,7 @@ def run(cfg, echo=print) -> None:
     from transformers import set_seed
 
     from posttrainllm import models
-    from posttrainllm.trainers import quiet_progress_bars
+    from posttrainllm.training import quiet_progress_bars
 
     quiet_progress_bars()
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)

@@ -31,8 +31,6 @@ def render(
     model_source: dict | None = None,
 ) -> str:
     """The card's text. `data`: source, format, n_train, n_eval (and eval source); `metrics`: the trainer's."""
-    from posttrainllm.banner import format_lr, summary_line
-
     hub_base = base_model if base_model and _is_hub_id(base_model) else None
     tags = ["posttrainllm", command] + (["llrd"] if plan is not None and plan.lr_scaled else [])
     front = ["---"]
@@ -44,6 +42,26 @@ def render(
         + ["---", ""]
     )
     name = Path(output_dir).name or "model"
+    lines = [
+        f"# {name}",
+        "",
+        f"This model was {_origin(base_model, hub_base, model_source)} with `posttrainllm {command}`.",
+        "",
+        "## How it was trained",
+        "",
+        "```bash",
+        "posttrainllm " + " ".join(shlex.quote(a) for a in argv),
+        "```",
+        "",
+    ]
+    if recipe:
+        lines += [f"Recipe: `{recipe}` (command-line flags override it).", ""]
+    lines += _plan_section(plan) + _data_section(data) + _results_section(metrics)
+    lines += _forgetting_section(forgetting) + _drift_section(drift)
+    return "\n".join(front + lines)
+
+
+def _origin(base_model: str | None, hub_base: str | None, model_source: dict | None) -> str:
     if base_model is None:
         origin = "trained from scratch"
     elif hub_base:
@@ -55,69 +73,79 @@ def render(
             f" (a GGUF file, {model_source['quantization']} weights dequantized to float; "
             f"sha256 {str(model_source.get('sha256', '?'))[:12]}…)"
         )
+    return origin
+
+
+def _plan_section(plan) -> list[str]:
+    from posttrainllm.banner import format_lr, summary_line, tied_elsewhere
+
+    if plan is None:
+        return []
     lines = [
-        f"# {name}",
+        f"Layer-wise LR decay: {summary_line(plan)}.",
         "",
-        f"This model was {origin} with `posttrainllm {command}`.",
-        "",
-        "## How it was trained",
-        "",
-        "```bash",
-        "posttrainllm " + " ".join(shlex.quote(a) for a in argv),
-        "```",
-        "",
+        "| depth | LR | scale | factors | frozen |",
+        "|---|---|---|---|---|",
     ]
-    if recipe:
-        lines += [f"Recipe: `{recipe}` (command-line flags override it).", ""]
-    if plan is not None:
-        lines += [
-            f"Layer-wise LR decay: {summary_line(plan)}.",
-            "",
-            "| depth | LR | scale | factors | frozen |",
-            "|---|---|---|---|---|",
-        ]
-        for r in plan.rows:
-            frozen = "yes" if r.get("frozen") else ("not trained" if not r.get("trainable", True) else "")
-            lines.append(
-                f"| {r['block']}{' (tied)' if r.get('tied') else ''} | {format_lr(r['lr'])} | {r['scale']:.4g} | "
-                f"{', '.join(r.get('factors', [])) or '-'} | {frozen} |"
-            )
-        lines.append("")
-    lines += ["## Data", ""]
+    for r in plan.rows:
+        frozen = "yes" if r.get("frozen") else ("not trained" if not r.get("trainable", True) else "")
+        if frozen == "not trained" and (where := tied_elsewhere(plan, r)):
+            frozen = where
+        lines.append(
+            f"| {r['block']}{' (tied)' if r.get('tied') else ''} | {format_lr(r['lr'])} | {r['scale']:.4g} | "
+            f"{', '.join(r.get('factors', [])) or '-'} | {frozen} |"
+        )
+    return lines + [""]
+
+
+def _data_section(data: dict[str, Any]) -> list[str]:
     counts = f"{data.get('n_train')} training rows" + (
         f", {data.get('n_eval')} eval rows" if data.get("n_eval") else ""
     )
-    lines += [
+    return [
+        "## Data",
+        "",
         f"`{data.get('source')}` ({data.get('format')}): {counts}."
         + (f" Eval data: `{data['eval_source']}`." if data.get("eval_source") else ""),
         "",
     ]
-    lines += ["## Results", "", "| metric | value |", "|---|---|"]
-    for key in (
-        "train_loss",
-        "eval_loss",
-        "eval_rewards/accuracies",
-        "eval_rewards/margins",
-        "train_runtime",
-        "train_samples_per_second",
-    ):
-        if metrics.get(key) is not None:
-            lines.append(f"| {key} | {_fmt(metrics[key])} |")
-    lines.append("")
-    if forgetting:
-        with_kl = any(r.get("kl") is not None for r in forgetting.values())
-        lines += [
-            "## Forgetting (held-out text perplexity before → after)",
-            "",
-            "| text | before | after | change |" + (" KL(base ‖ tuned) per token |" if with_kl else ""),
-            "|---|---|---|---|" + ("---|" if with_kl else ""),
-        ]
-        for text, r in forgetting.items():
-            change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
-            kl = f" {_fmt(r.get('kl'), 4)} |" if with_kl else ""
-            lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |{kl}")
-        lines.append("")
-    if drift:
-        lines += ["## Weight drift per depth (‖ΔW‖ / ‖W‖)", "", "| depth | drift |", "|---|---|"]
-        lines += [f"| {r['block']} | {r['drift']:.3g} |" for r in drift["depths"]] + [""]
-    return "\n".join(front + lines)
+
+
+_RESULT_KEYS = (
+    "train_loss",
+    "eval_loss",
+    "eval_rewards/accuracies",
+    "eval_rewards/margins",
+    "train_runtime",
+    "train_samples_per_second",
+)
+
+
+def _results_section(metrics: dict[str, Any]) -> list[str]:
+    lines = ["## Results", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {key} | {_fmt(metrics[key])} |" for key in _RESULT_KEYS if metrics.get(key) is not None]
+    return lines + [""]
+
+
+def _forgetting_section(forgetting: dict | None) -> list[str]:
+    if not forgetting:
+        return []
+    with_kl = any(r.get("kl") is not None for r in forgetting.values())
+    lines = [
+        "## Forgetting (held-out text perplexity before → after)",
+        "",
+        "| text | before | after | change |" + (" KL(base ‖ tuned) per token |" if with_kl else ""),
+        "|---|---|---|---|" + ("---|" if with_kl else ""),
+    ]
+    for text, r in forgetting.items():
+        change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
+        kl = f" {_fmt(r.get('kl'), 4)} |" if with_kl else ""
+        lines.append(f"| {text} | {_fmt(r.get('before'), 3)} | {_fmt(r.get('after'), 3)} | {change} |{kl}")
+    return lines + [""]
+
+
+def _drift_section(drift: dict | None) -> list[str]:
+    if not drift:
+        return []
+    lines = ["## Weight drift per depth (‖ΔW‖ / ‖W‖)", "", "| depth | drift |", "|---|---|"]
+    return lines + [f"| {r['block']} | {r['drift']:.3g} |" for r in drift["depths"]] + [""]

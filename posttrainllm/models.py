@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from posttrainllm.config.coerce import convert
+from posttrainllm.constants import LAYER_COUNT_KEYS
 from posttrainllm.errors import ModelError, UsageError, one_line
 
 WEIGHT_FILES = (
@@ -197,18 +199,6 @@ _LOAD_KWARGS = {
 }
 
 
-def _yaml_scalar(value: Any) -> Any:
-    """A command-line string as YAML would read it ("true" → True, "8" → 8, "{...}" → dict); other values as given."""
-    if not isinstance(value, str):
-        return value
-    import yaml
-
-    try:
-        return yaml.safe_load(value) if value.strip() else value
-    except yaml.YAMLError:
-        return value
-
-
 def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = False) -> dict[str, Any]:
     """--model-arg KEY=VALUE: a from_pretrained keyword or a field of the model's config (from_pretrained passes
     those on to the config); anything else is a UsageError naming the closest keys. `torch_dtype` means `dtype`."""
@@ -238,7 +228,7 @@ def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = Fa
                 + (f"; did you mean {', '.join(close)}?" if close else "")
             )
         else:
-            out[name] = _yaml_scalar(value)
+            out[name] = convert(value)  # no type known: as YAML reads it (posttrainllm/config/coerce.py)
     if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
         import torch
 
@@ -306,7 +296,7 @@ def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
 
 def num_layers(ref: str, trust_remote_code: bool = False) -> int | None:
     """The config's block count (`num_hidden_layers`, `n_layer`, ...), if it says."""
-    return _config_int(ref, trust_remote_code, ("num_hidden_layers", "n_layer", "num_layers"))
+    return _config_int(ref, trust_remote_code, LAYER_COUNT_KEYS)
 
 
 def fit_embeddings_to_tokenizer(model, tokenizer) -> None:

@@ -1,9 +1,11 @@
-"""Where a model or dataset reference points: a local path, or a Hugging Face Hub id. Imports nothing heavy."""
+"""Where a model or dataset reference points: a local path, a Hugging Face Hub id, or a special file (a FIFO, a
+socket, a device) that must not be opened. Imports nothing heavy."""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 
 # Names that look like a file (a data, config or weights extension) are never taken for a Hub id.
 _FILE_LIKE = re.compile(
@@ -25,3 +27,21 @@ def looks_local(ref: str) -> bool:
 def looks_like_hub_id(ref: str) -> bool:
     """`owner/name` or `name` that is not a local path."""
     return not looks_local(ref) and bool(_HUB_ID.match(ref))
+
+
+def special_file(path: str) -> str | None:
+    """What a path is when it exists but is neither a regular file nor a directory (reading it could block forever
+    or never end), else None. Checked before anything opens it."""
+    try:
+        mode = os.stat(os.path.expanduser(path)).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")

@@ -122,3 +122,29 @@ def text_file(tmp_path):
     p = tmp_path / "corpus.txt"
     p.write_text("\n".join(CORPUS * 40))
     return p
+
+
+# ------------------------------------------------------------------------ the suite leaves the checkout as it was
+REPO = Path(__file__).resolve().parents[1]
+_NOT_OURS = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+
+
+def checkout_listing(root: Path = REPO) -> set[str]:
+    """Every file and directory of the checkout (relative paths), the environment and caches excepted."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _NOT_OURS and not d.endswith(".egg-info")]
+        rel = Path(dirpath).relative_to(root)
+        found |= {(rel / n).as_posix() for n in dirnames + filenames}
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_suite_leaves_no_files_in_the_checkout():
+    """Tests write under tmp_path only: anything new in the checkout after the session is an error."""
+    before = checkout_listing()
+    yield
+    new = sorted(checkout_listing() - before)
+    assert not new, f"the tests left files in the checkout: {new[:10]}" + (
+        f" (+{len(new) - 10})" if len(new) > 10 else ""
+    )

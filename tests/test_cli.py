@@ -33,13 +33,32 @@ def test_llrd_out_of_range_exits_2_naming_the_range(cmd, bad, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flag", ["--llrd", "--lr-layer-decay"])  # the second: pretrain's deprecated name for it
 @pytest.mark.parametrize("bad", ["0.3", "2", "nan"])
-def test_pretrain_lr_layer_decay_range(bad, tmp_path):
-    r = runner.invoke(
-        app, ["pretrain", "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--lr-layer-decay", bad]
-    )
+def test_pretrain_llrd_range(bad, flag, tmp_path):
+    r = runner.invoke(app, ["pretrain", "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), flag, bad])
     assert r.exit_code == 2
     assert "[0.5, 1.0]" in r.output
+
+
+def test_pretrain_takes_llrd_and_still_reads_its_deprecated_name(tmp_path):
+    """One public name per concept: pretrain's γ is --llrd (recipe key llrd); --lr-layer-decay / lr_layer_decay
+    are still read (hidden from the help)."""
+    (tmp_path / "c.txt").write_text("some text\n")
+    base = {"dataset": str(tmp_path / "c.txt"), "output_dir": str(tmp_path / "o")}
+    from posttrainllm.config.argv import to_config
+
+    assert to_config("pretrain", ["--dataset", base["dataset"], "--llrd", "0.8"]).llrd == 0.8
+    assert to_config("pretrain", ["--dataset", base["dataset"], "--lr-layer-decay", "0.7"]).llrd == 0.7
+    assert to_config("pretrain", ["--dataset", base["dataset"], "--lr-layer-decay=0.75"]).llrd == 0.75
+    assert to_config("pretrain", ["--dataset", base["dataset"], "--llrd"]).llrd == 0.95
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("lr_layer_decay: 0.9\n")
+    assert resolve("pretrain", {**base, "recipe": str(recipe)}).llrd == 0.9
+    recipe.write_text("llrd: 0.85\n")
+    assert resolve("pretrain", {**base, "recipe": str(recipe)}).llrd == 0.85
+    r = runner.invoke(app, ["pretrain", "--help"])
+    assert "--llrd" in r.output and "--lr-layer-decay" not in r.output
 
 
 def test_llrd_absent_is_flat():
@@ -60,9 +79,9 @@ def test_llrd_absent_is_flat():
 )
 def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
     seen = {}
-    import posttrainllm.run as run
+    import posttrainllm.commands.sft as sft
 
-    monkeypatch.setattr(run, "train", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
     r = runner.invoke(app, ["sft", "--model", "org/model", "--dataset", "org/data", "--output-dir", "o", *argv])
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == expected

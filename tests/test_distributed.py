@@ -235,7 +235,7 @@ def test_fsdp2_sft_shards_the_planned_groups_and_saves_the_model_a_ddp_run_saves
     assert r.stdout.count("parameter groups: identical on all 2 ranks (fingerprint") == 1
     assert r.stdout.count("LR layer-decay: γ=0.8") == 1
     # sharded checkpoints, every shard listed in the COMPLETE marker
-    from posttrainllm.checkpoints import verify_checkpoint
+    from posttrainllm.rundir.layout import verify_checkpoint
 
     ckpt = out / "checkpoint-12"
     listed = json.loads((ckpt / "COMPLETE").read_text())["files"]
@@ -356,7 +356,7 @@ def test_fsdp1_on_cpu_is_refused_instead_of_running_as_ddp(monkeypatch):
     from types import SimpleNamespace
 
     from posttrainllm.errors import UsageError
-    from posttrainllm.trainers import EngineMixin
+    from posttrainllm.training import EngineMixin
 
     class Base:
         def create_accelerator_and_postprocess(self):
@@ -607,3 +607,64 @@ def test_killing_one_launcher_stops_both_nodes_at_one_checkpoint(nodes):
     out = two.dirs[two.rank0_node()] / "out"
     done = [d for d in out.glob("checkpoint-*") if (d / "COMPLETE").exists()]
     assert done, "no checkpoint written at the stop"
+
+
+# ------------------------------------------------------------------------------- a lost rank, told by its type
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:27324. This is typically caused by a remote worker crashing."
+)  # measured, torch 2.13: the error a surviving gloo rank gets when its peer is killed (a plain RuntimeError)
+GLOO_TIMEOUT = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms"
+)
+
+
+def _lost(exc, tmp_path):
+    from posttrainllm.distributed import lost_rank_error
+
+    return lost_rank_error(exc, 60, str(tmp_path))
+
+
+def test_a_cuda_error_raised_through_nccl_is_not_reported_as_a_lost_rank(monkeypatch, tmp_path):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cuda = RuntimeError(
+        "CUDA error: an illegal memory access was encountered (in NCCL all_reduce; CUDA kernel errors might be "
+        "asynchronously reported at some other API call)"
+    )
+    assert _lost(cuda, tmp_path) is None
+    nccl = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL version 2.21.5")
+    assert _lost(nccl, tmp_path) is None
+    assert _lost(ValueError("gloo timeout"), tmp_path) is None  # words alone say nothing
+    assert _lost(RuntimeError("timeout while reading the dataset"), tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda dist: RuntimeError(GLOO_CLOSED),
+        lambda dist: RuntimeError(GLOO_TIMEOUT),
+        lambda dist: dist.DistNetworkError("failed to recv, got 0 bytes"),
+        lambda dist: dist.DistStoreError("Timed out after 901 seconds waiting for clients. 1/2 clients joined."),
+        lambda dist: dist.DistBackendError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)"),
+    ],
+    ids=["gloo-closed", "gloo-timeout", "network", "store", "nccl-watchdog"],
+)
+def test_a_peer_that_is_gone_or_silent_is_a_lost_rank_naming_the_newest_good_checkpoint(make, monkeypatch, tmp_path):
+    import torch.distributed as dist
+
+    from posttrainllm.rundir.layout import MARKER, file_sizes, write_json
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for step, complete in ((2, True), (4, False)):
+        d = tmp_path / f"checkpoint-{step}"
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 8)
+        if complete:
+            write_json(d / MARKER, {"step": step, "files": file_sizes(d)})
+    err = _lost(make(dist), tmp_path)
+    assert err is not None and "lost contact with another rank" in str(err)
+    assert f"the newest complete checkpoint is {tmp_path / 'checkpoint-2'}" in str(err)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _lost(make(dist), tmp_path) is None  # a single process has no other rank to lose

@@ -414,7 +414,7 @@ def test_chunked_float32_conversion_is_exact(model, tokenizer, monkeypatch):
     """Logits are upcast in chunks of positions (memory bound); chunking must not change results."""
     whole = ev.text_perplexity(model, tokenizer, TEXT, 20)
     sft_whole = ev.sft_completion_loss(model, tokenizer, SFT_EXAMPLES, 64, batch_size=3)
-    monkeypatch.setattr(ev, "_NLL_CHUNK", 3)
+    monkeypatch.setattr(ev.scoring, "_NLL_CHUNK", 3)
     assert ev.text_perplexity(model, tokenizer, TEXT, 20) == pytest.approx(whole, rel=1e-6)
     assert ev.sft_completion_loss(model, tokenizer, SFT_EXAMPLES, 64, batch_size=3) == pytest.approx(
         sft_whole, rel=1e-6

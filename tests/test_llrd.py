@@ -489,3 +489,67 @@ def test_llrd_module_does_not_import_hf_libraries():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ------------------------------------------------------------------- structured errors: the field, not the words
+def _tiny_blocks_model():
+    from torch import nn
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+            self.head = nn.Linear(4, 10)
+
+    return Tiny()
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"lr_groups": {"nothing_is_called_this": 0.5}}, "lr_groups"),
+        ({"lr_groups": {"(": 0.5}}, "lr_groups"),
+        ({"lr_groups": {"layers": -1.0}}, "lr_groups"),
+        ({"loraplus_ratio": 4.0}, "loraplus_ratio"),
+        ({"loraplus_ratio": float("nan")}, "loraplus_ratio"),
+        ({"block_path": "no.such.list"}, "block_path"),
+        ({"gamma": 0.0}, "gamma"),
+        ({"min_scale": 2.0}, "min_scale"),
+    ],
+)
+def test_a_bad_argument_raises_an_error_carrying_its_field(kwargs, field):
+    from posttrainllm import LLRDArgumentError
+
+    with pytest.raises(LLRDArgumentError) as exc:
+        build_param_groups(_tiny_blocks_model(), 1e-3, **kwargs)
+    assert isinstance(exc.value, ValueError) and exc.value.field == field and field in exc.value.fields
+
+
+def test_several_bad_arguments_are_reported_at_once_with_every_field():
+    from posttrainllm import LLRDArgumentError
+
+    with pytest.raises(LLRDArgumentError) as exc:
+        build_param_groups(_tiny_blocks_model(), -1.0, gamma=2.0, loraplus_ratio=0.0)
+    assert exc.value.fields == ("gamma", "base_lr", "loraplus_ratio")
+    assert "gamma must be in (0, 1]" in str(exc.value) and "loraplus_ratio must be" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "field,flag",
+    [("lr_groups", "--lr-group"), ("block_path", "--llrd-blocks"), ("loraplus_ratio", "--loraplus-ratio")],
+)
+def test_the_cli_names_the_flag_from_the_errors_field_whatever_its_words(field, flag, monkeypatch):
+    """A reworded library message (none of the words the CLI once looked for) still blames the right flag."""
+    from posttrainllm import llrd, planning
+    from posttrainllm.config import resolve
+    from posttrainllm.errors import UsageError
+
+    def reworded(*a, **k):
+        raise llrd.LLRDArgumentError(field, "this argument is not acceptable")
+
+    monkeypatch.setattr(llrd, "build_param_groups", reworded)
+    cfg = resolve("sft", {"model": "org/m", "dataset": "org/d", "output_dir": "o"})
+    with pytest.raises(UsageError) as exc:
+        planning.plan_param_groups(cfg, _tiny_blocks_model())
+    assert str(exc.value) == f"{flag}: this argument is not acceptable"

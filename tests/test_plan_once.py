@@ -52,7 +52,7 @@ def saved_groups(out):
 @pytest.fixture
 def captured(monkeypatch):
     """Records (groups as created, optimizer, model) each time a trainer creates its optimizer."""
-    from posttrainllm.trainers import LLRDMixin
+    from posttrainllm.training import LLRDMixin
 
     seen = []
     original = LLRDMixin.create_optimizer
@@ -139,7 +139,7 @@ def test_param_groups_json_equals_the_optimizers_groups_on_every_ddp_rank(tiny_m
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_plan_once import optimizer_groups
         from posttrainllm import cli
-        from posttrainllm.trainers import LLRDMixin
+        from posttrainllm.training import LLRDMixin
 
         original = LLRDMixin.create_optimizer
 
@@ -276,7 +276,7 @@ def test_logged_learning_rate_is_the_base_lr_not_group_0s(tiny_model_dir, text_f
 )
 def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versions(command, kind, tmp_path):
     from posttrainllm.config import resolve
-    from posttrainllm.trainers import trainer_config
+    from posttrainllm.training import trainer_config
 
     values = {
         "dataset": "org/data",
@@ -297,7 +297,7 @@ def test_an_unknown_trainer_keyword_is_an_error_not_dropped():
     from transformers import TrainingArguments
 
     from posttrainllm.errors import UsageError
-    from posttrainllm.trainers import make_config
+    from posttrainllm.training import make_config
 
     with pytest.raises(UsageError, match=r"no argument save_safetensor \(closest: .*save_steps"):
         make_config(TrainingArguments, output_dir="o", save_safetensor=True)

@@ -53,7 +53,7 @@ def test_auto_is_fp32_on_cpu_with_its_reason_and_fp16_needs_a_gpu():
 
 def test_trainer_config_for_bf16_on_cpu_is_autocast_on_the_cpu(tmp_path):
     from posttrainllm.config import RunConfig
-    from posttrainllm.trainers import common_args
+    from posttrainllm.training import common_args
 
     cfg = RunConfig(
         command="sft",

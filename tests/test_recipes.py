@@ -51,10 +51,9 @@ def test_recipe_dry_run_with_local_stand_ins(recipe, tiny_model_dir, alpaca_file
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "o" / "run_config.json").read_text())
-    recipe_key = "lr_layer_decay" if cmd == "pretrain" else "llrd"  # pretrain's recipe key; γ is `llrd` inside
     import yaml
 
-    assert saved["llrd"] == yaml.safe_load(recipe.read_text()).get(recipe_key, 1.0)
+    assert saved["llrd"] == yaml.safe_load(recipe.read_text()).get("llrd", 1.0)  # every command's recipe key
 
 
 def test_cli_overrides_recipe_which_overrides_defaults(tmp_path):
@@ -70,9 +69,9 @@ def test_cli_llrd_overrides_recipe_llrd(tmp_path, monkeypatch):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: org/m\ndataset: org/d\noutput_dir: o\nllrd: 0.8\n")
     seen = {}
-    import posttrainllm.run as run
+    import posttrainllm.commands.sft as sft
 
-    monkeypatch.setattr(run, "train", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
     r = runner.invoke(app, ["sft", "--recipe", str(recipe), "--llrd", "0.6"])
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == 0.6

@@ -388,7 +388,7 @@ def _engine(deepspeed_config=None, fsdp_version=None, use_orig_params=False):
 )
 def test_distributed_engines_that_would_drop_the_groups_are_refused(trainer, llrd, refused):
     from posttrainllm.errors import UsageError
-    from posttrainllm.trainers import check_distributed_engine
+    from posttrainllm.training import check_distributed_engine
 
     if refused:
         with pytest.raises(UsageError, match=refused):

@@ -157,7 +157,7 @@ def test_overwrite_failing_before_its_first_checkpoint_puts_the_old_run_back(fin
 @pytest.mark.smoke
 def test_overwrite_keeps_the_old_contents_until_the_new_final_save(finished, tiny_model_dir, corpus, monkeypatch):
     """The final save fails after the new run saved checkpoints: the old run is still there, byte for byte."""
-    from posttrainllm import checkpoints
+    from posttrainllm.rundir import checkpoints
 
     before = snapshot(finished)
 
@@ -247,7 +247,7 @@ def test_a_second_run_into_a_busy_output_dir_exits_2_naming_the_holder(tiny_mode
 def test_the_lock_of_a_dead_process_is_taken_over(tiny_model_dir, corpus, tmp_path):
     out = tmp_path / "orphan"
     code = (
-        "import sys, time; from pathlib import Path; from posttrainllm.outdir import Lock; "
+        "import sys, time; from pathlib import Path; from posttrainllm.rundir.outdir import Lock; "
         "Lock(Path(sys.argv[1])).acquire('x'); print('locked', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=ENV)
@@ -264,7 +264,7 @@ def test_the_lock_of_a_dead_process_is_taken_over(tiny_model_dir, corpus, tmp_pa
 
 @pytest.mark.smoke
 def test_torchrun_ranks_respect_the_lock_without_hanging(tiny_model_dir, corpus, tmp_path):
-    from posttrainllm.outdir import Lock
+    from posttrainllm.rundir.outdir import Lock
 
     out = tmp_path / "ddp"
     lock = Lock(out)
@@ -373,8 +373,8 @@ def test_the_final_save_refuses_nonfinite_weights(tiny_model_dir, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from posttrainllm.checkpoints import save_final
     from posttrainllm.errors import TrainingError
+    from posttrainllm.rundir.checkpoints import save_final
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with torch.no_grad():
@@ -446,7 +446,7 @@ def test_resume_skips_a_checkpoint_whose_files_are_not_what_its_marker_lists(dam
 
 
 def test_checkpoint_markers_list_files_and_sizes(finished):
-    from posttrainllm.checkpoints import verify_checkpoint
+    from posttrainllm.rundir.layout import verify_checkpoint
 
     marker = json.loads((finished / "checkpoint-2" / "COMPLETE").read_text())
     assert marker["files"]["optimizer.pt"] == (finished / "checkpoint-2" / "optimizer.pt").stat().st_size
@@ -679,7 +679,7 @@ def test_a_read_only_output_dir_is_exit_2(tiny_model_dir, corpus, tmp_path):
 
 
 def test_a_second_sigterm_during_the_checkpoint_save_still_exits_143():
-    from posttrainllm.checkpoints import EXIT_SIGTERM, InterruptGuard
+    from posttrainllm.rundir.signals import EXIT_SIGTERM, InterruptGuard
 
     with (
         pytest.raises(BaseException) as stopped,
@@ -696,7 +696,7 @@ def test_a_second_sigterm_during_the_checkpoint_save_still_exits_143():
 def test_sigterm_delivered_twice_at_once_is_one_request():
     """A scheduler signals every process and the launcher passes SIGTERM on too; a killed launcher's threads each
     send the parent-death signal: the copies must not abort the checkpoint that the first one asked for."""
-    from posttrainllm.checkpoints import InterruptGuard
+    from posttrainllm.rundir.signals import InterruptGuard
 
     with InterruptGuard() as guard:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -764,3 +764,15 @@ def test_demo_overwrite_refuses_a_directory_holding_files_it_did_not_write(tmp_p
     r = runner.invoke(app, ["demo", "--quick", "--overwrite", "--output-dir", str(out)])
     assert r.exit_code == 2 and "my-results.csv" in r.output, r.output
     assert snapshot(out) == before
+
+
+def test_a_users_dot_final_tmp_is_not_taken_for_posttrainllms(tmp_path):
+    """The final save goes through OUT/.posttrainllm/final-tmp; a top-level `.final-tmp` is not ours, so
+    --overwrite must refuse to replace it (it was once listed among the run's own records)."""
+    from posttrainllm.rundir import outdir
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".final-tmp").write_text("the user's")
+    (out / "run_config.json").write_text("{}")
+    assert outdir.foreign(out) == [".final-tmp"]

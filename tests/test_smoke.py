@@ -126,7 +126,7 @@ def test_pretrain_builds_tokenizer_and_model(text_file, tmp_path):
             "4",
             "--max-steps",
             "3",
-            "--lr-layer-decay",
+            "--llrd",
             "0.5",
             "--lr",
             "1e-3",

@@ -14,7 +14,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def captured_trainer(monkeypatch):
-    from posttrainllm.trainers import LLRDMixin
+    from posttrainllm.training import LLRDMixin
 
     seen = []
     original = LLRDMixin.create_optimizer
@@ -114,7 +114,7 @@ def test_bad_trainer_args_exit_2_before_any_model_is_loaded(arg, fragment, tmp_p
 
 def test_trainer_args_are_checked_per_command(tmp_path, text_file):
     from posttrainllm.errors import ConfigErrors
-    from posttrainllm.trainers import check_trainer_args
+    from posttrainllm.training import check_trainer_args
 
     assert check_trainer_args("dpo", {"loss_type": "ipo,sft"}) == {"loss_type": ["ipo", "sft"]}  # list[str] field
     with pytest.raises(ConfigErrors, match="not a field of TrainingArguments"):

@@ -29,6 +29,7 @@ Importing this package is cheap: ``datasets``, ``pyarrow`` and ``transformers`` 
 """
 
 from .chat import DEFAULT_CHAT_TEMPLATE, ensure_chat_template
+from .detect import detect_format
 from .formats import (
     ALPACA_PROMPT,
     ALPACA_PROMPT_NO_INPUT,
@@ -36,9 +37,9 @@ from .formats import (
     SFT_FORMATS,
     TEXT_FORMATS,
     convert_records,
-    detect_format,
 )
-from .prepare import LossMask, PreparedData, apply_loss_mask, describe, prepare_dpo, prepare_sft, prepare_text
+from .loss_mask import LossMask, apply_loss_mask
+from .prepare import PreparedData, describe, prepare_dpo, prepare_sft, prepare_text
 from .reading import load, read_records
 from .replay import mix_replay
 from .text import iter_texts, load_texts

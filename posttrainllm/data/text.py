@@ -337,7 +337,7 @@ def blocks_stream(tokenized, max_length: int):
 
 def load_texts(source: str, streaming: bool = False):
     """A dataset of raw text (a .txt file, or records with a 'text' column), checked to be text."""
-    from .formats import format_from_columns
+    from .detect import format_from_columns
 
     ds = reading.load(source, streaming=streaming)
     rows = reading.head(ds) if streaming else None

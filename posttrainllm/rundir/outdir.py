@@ -25,22 +25,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import time
 from pathlib import Path
 
-from posttrainllm import checkpoints
-from posttrainllm.checkpoints import FINAL_MARKER, MARKER, is_rank0, write_json
 from posttrainllm.errors import UsageError, shorten
+from posttrainllm.rundir import checkpoints
+from posttrainllm.rundir.layout import (
+    CKPT_DIR,
+    FINAL_MARKER,
+    HIDDEN,
+    MANIFEST,
+    MARKER,
+    finished_run,
+    is_rank0,
+    manifest,
+    own,
+)
 
-HIDDEN = ".posttrainllm"
 LOCK_NAME = "lock"
-MANIFEST = "manifest.json"
 SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
-CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
 # records a run writes besides the model (run_config.json ... training_complete.json), always ours by name
 OWN_RECORDS = frozenset(
     {
@@ -49,7 +55,6 @@ OWN_RECORDS = frozenset(
         "trainer_state.json",
         "eval_results.json",
         "training_complete.json",
-        ".final-tmp",
     }
 )
 # what a run writes before its first training step: a directory holding only these is not a finished run
@@ -61,30 +66,12 @@ INPUT_KEYS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset",
 def _note(text: str) -> None:
     from posttrainllm import banner
 
-    banner.console.print(f"[yellow]note:[/] {text}")
+    banner.note(text)
 
 
 # ------------------------------------------------------------------------------------------------------ ownership
 def entries(out: Path) -> list[str]:
     return sorted(e.name for e in out.iterdir()) if out.is_dir() else []
-
-
-def manifest(out: Path) -> set[str]:
-    try:
-        return set(json.loads((out / HIDDEN / MANIFEST).read_text()).get("files", []))
-    except (OSError, ValueError, AttributeError):
-        return set()
-
-
-def own(out: str | Path, names) -> None:
-    """Record top-level names as written by posttrainllm (call before writing them; rank 0)."""
-    out = Path(out)
-    listed = manifest(out)
-    new = {str(n) for n in names} - listed
-    if not new:
-        return
-    (out / HIDDEN).mkdir(parents=True, exist_ok=True)
-    write_json(out / HIDDEN / MANIFEST, {"files": sorted(listed | new)})
 
 
 def _is_ours(out: Path, name: str, listed: set[str]) -> bool:
@@ -360,7 +347,7 @@ def _check(cfg, out: Path) -> bool:
     if cfg.resume:
         if not names:
             raise UsageError(f"--resume: {label} has no checkpoints to resume from")
-        if checkpoints.finished_run(out) and not checkpoints.config_diffs(out, cfg.to_dict()):
+        if finished_run(out) and not checkpoints.config_diffs(out, cfg.to_dict()):
             return False  # finished, and nothing asks for more: leave it exactly as it is
         checkpoints.check_resume_config(out, cfg.to_dict(), cfg.allow_config_change)
         checkpoints.resume_checkpoint(out)
@@ -407,8 +394,6 @@ def prepare(cfg) -> RunDir | None:
     resumed). Every refusal is a UsageError (exit 2) raised before any model or data is loaded."""
     out = Path(cfg.output_dir).expanduser()
     label = cfg.output_dir
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--output-dir {label} is a file")
     if not is_rank0():  # other ranks only read; rank 0 locks, moves and writes
         return RunDir(out, label, overwrite=cfg.overwrite, created=False, lock=None) if _check(cfg, out) else None
     recovering = needs_recovery(out)

@@ -1,0 +1,156 @@
+"""The setup sft, dpo and finetune share: start from a model (a directory, a hub id or a GGUF file), fit the
+tokenizer, prepare the data of the command's shape, load the model (and DPO's reference), LoRA, plan."""
+
+from __future__ import annotations
+
+import copy
+
+from posttrainllm import banner
+from posttrainllm.errors import UsageError
+from posttrainllm.lifecycle import Context, Setup, device_name
+from posttrainllm.planning import bottom_scale_gamma, bottom_scale_note, clamp_max_length, plan_param_groups
+
+
+def setup(ctx: Context) -> Setup:
+    from posttrainllm import models
+    from posttrainllm.data import pipeline
+
+    cfg = ctx.cfg
+    model_path, source, ref_path, ref_source = _resolve_models(cfg)
+    model_args = models.check_model_args(model_path, cfg.model_args, cfg.trust_remote_code)
+    notes: list[str] = models.precision_notes(ctx.precision)
+    if source and (low := gguf_note(source)):
+        notes.append(low)
+    tokenizer = models.load_tokenizer(
+        model_path, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+    )
+    cfg, clamped = clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
+    notes += clamped
+    if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
+        bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
+    prepared = pipeline.prepare(cfg, tokenizer)
+    model = models.load_model(
+        model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args
+    )
+    models.fit_embeddings_to_tokenizer(model, tokenizer)
+    ref_model = _reference_model(cfg, model, ref_path, ctx.precision, model_args)
+    if cfg.lora_r:
+        model = _apply_lora(model, cfg)
+    plan = plan_param_groups(cfg, model)
+    notes += bottom_scale_note(cfg, plan) + [n for n in (prepared.template_note,) if n]
+    if cfg.trust_remote_code:
+        notes.append("--trust-remote-code is on: the model repository's own code runs")
+    resolved = {
+        "data_format": prepared.format,
+        "n_train": prepared.n_train,
+        "n_eval": prepared.n_eval,
+        "model_args": {k: str(v) for k, v in model_args.items()},
+    }
+    if source:
+        resolved["model_source"] = {**source, "converted_to": model_path}
+    if ref_path and ref_source:
+        resolved["ref_model_source"] = {**ref_source, "converted_to": ref_path}
+    info = _info(cfg, model, plan, prepared, source, ctx)
+    return Setup(cfg, model, tokenizer, prepared, plan, info, notes, resolved, ref_model, model_path)
+
+
+def _resolve_models(cfg):
+    """--model (and dpo's --ref-model) as local directories: a GGUF file is converted once into a cached one."""
+    from posttrainllm import models
+    from posttrainllm.config import producing_recipe
+
+    model_path, source = models.resolve_model(
+        cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
+    )
+    ref_path = ref_source = None
+    if cfg.command == "dpo" and cfg.ref_model:
+        ref_path, ref_source = models.resolve_model(
+            cfg.ref_model,
+            "--ref-model",
+            hint=lambda: producing_recipe(cfg.recipe, cfg.ref_model),
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    return model_path, source, ref_path, ref_source
+
+
+def _reference_model(cfg, model, ref_path, precision, model_args):
+    """dpo without LoRA: --ref-model, or a frozen copy of the model (never in the optimizer; under FSDP it is
+    sharded for its forward only). None otherwise (LoRA's reference is the adapter-disabled base)."""
+    from posttrainllm import models
+
+    if cfg.command != "dpo" or cfg.lora_r:
+        return None
+    if cfg.ref_model:
+        ref_model = models.load_model(
+            ref_path, trust_remote_code=cfg.trust_remote_code, precision=precision, what="--ref-model",
+            model_args=model_args,
+        )  # fmt: skip
+    else:
+        ref_model = copy.deepcopy(model)
+    ref_model.requires_grad_(False)
+    return ref_model
+
+
+def _apply_lora(model, cfg):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise UsageError("--lora-r needs PEFT: pip install 'posttrainllm[peft]'") from None
+    targets = cfg.lora_targets.strip()
+    target_modules = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    lcfg = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=target_modules,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, lcfg)
+    except ValueError as e:
+        raise UsageError(f"--lora-targets {targets}: {str(e).splitlines()[0]}") from None
+
+
+def _default_reference(cfg) -> str:
+    return "adapter-disabled base" if cfg.lora_r else "frozen copy of --model"
+
+
+def _model_name(ref: str, source: dict | None) -> str:
+    """The banner's name of the model: the reference as given, or a GGUF file with its quantization."""
+    from posttrainllm import gguf
+
+    return gguf.describe(source) if source else ref
+
+
+def gguf_note(source: dict) -> str | None:
+    from posttrainllm import gguf
+
+    return gguf.low_bit_note(source)
+
+
+def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
+    """The banner's rows: what trains on what."""
+    from posttrainllm import models
+    from posttrainllm.data import describe
+    from posttrainllm.training import total_steps
+
+    n_total = sum(p.numel() for p in model.parameters())
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {
+        "model": f"{_model_name(cfg.model, source)} ({type(model).__name__}, {plan.num_layers} blocks, "
+        f"{banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
+        "data": describe(prepared),
+        "loss on": prepared.loss.description if prepared.loss is not None else None,
+        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum "
+        f"{cfg.grad_accum}, max length {cfg.max_length})",
+        "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
+        f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
+        "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}"
+        if cfg.lora_r
+        else None,
+        "DPO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "dpo" else None,
+        "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
+        "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
+        "recipe": cfg.recipe,
+        "output": cfg.output_dir + (f" (resuming from {ctx.resume_from.name})" if ctx.resume_from else ""),
+    }

@@ -1,0 +1,12 @@
+"""`posttrainllm sft`: Supervised fine-tuning with TRL's SFTTrainer.
+
+The setup sft, dpo and finetune share is posttrainllm/commands/post_training.py."""
+
+from __future__ import annotations
+
+from posttrainllm import lifecycle
+from posttrainllm.commands import post_training
+
+
+def main(cfg) -> None:
+    lifecycle.run(cfg, post_training.setup)

@@ -1,0 +1,84 @@
+"""A command line (the options of one command, as a list of strings) → its RunConfig, without Typer.
+
+The same reading as the Typer app built from the option table (posttrainllm/cli.py): `--flag VALUE` and
+`--flag=VALUE`; a boolean flag takes no value; a repeatable option (a list, or KEY=VALUE entries) gathers every
+occurrence; an option with a bare value (`--llrd` alone = 0.95) takes it when followed by nothing or another
+`--option`; a deprecated name stands for its option. The sweep reads its cells' command lines with it, so it needs
+nothing from the CLI. Imports no torch/transformers/Typer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrainllm.config.options import options_for
+from posttrainllm.config.resolve import resolve
+from posttrainllm.config.runconfig import RunConfig
+from posttrainllm.errors import UsageError
+
+
+def flag_table(command: str) -> dict[str, Any]:
+    """Every flag `command` accepts (its deprecated names included) → its option."""
+    table = {}
+    for o in options_for(command):
+        table[o.cli_flag] = o
+        table.update(dict.fromkeys(o.deprecated_flags, o))
+    return table
+
+
+def with_bare_values(command: str, args: list[str]) -> list[str]:
+    """`args` with each bare flag (followed by nothing or by another `--option`) given its bare value, and each
+    deprecated flag written as its option's flag."""
+    table = flag_table(command)
+    out = []
+    for i, tok in enumerate(args):
+        o = table.get(tok)
+        name, eq, value = tok.partition("=")
+        if o is None and eq and name.startswith("--") and name in table:  # --deprecated-name=VALUE
+            out.append(f"{table[name].cli_flag}={value}")
+            continue
+        out.append(o.cli_flag if o is not None else tok)
+        if o is not None and o.bare is not None:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if nxt is None or nxt.startswith("--"):
+                out.append(str(o.bare))
+    return out
+
+
+def parse(command: str, args: list[str]) -> dict[str, Any]:
+    """The raw values of `args` by option name (strings, True for a flag, lists for repeatable options); a
+    UsageError for an unknown option, a missing value or an extra argument."""
+    table = flag_table(command)
+    args = with_bare_values(command, args)
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        name, eq, inline = tok.partition("=") if tok.startswith("--") else (tok, "", "")
+        o = table.get(name)
+        if o is None:
+            what = f"No such option: {name}" if tok.startswith("-") else f"Got unexpected extra argument ({tok})"
+            raise UsageError(what)
+        if o.type is bool:
+            if eq:
+                raise UsageError(f"Option '{name}' does not take a value.")
+            values[o.name] = True
+            i += 1
+            continue
+        if eq:
+            value = inline
+        elif i + 1 < len(args):
+            value, i = args[i + 1], i + 1
+        else:
+            raise UsageError(f"Option '{name}' requires an argument.")
+        if o.type in (list, dict):
+            values.setdefault(o.name, []).append(value)
+        else:
+            values[o.name] = value
+        i += 1
+    return values
+
+
+def to_config(command: str, args: list[str]) -> RunConfig:
+    """`posttrainllm COMMAND ARGS...` resolved as the CLI would (ConfigErrors listing every problem)."""
+    return resolve(command, parse(command, args), argv=[command, *args])

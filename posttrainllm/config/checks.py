@@ -1,0 +1,95 @@
+"""The option checks and the value sets they use. Each check returns None when fine, or the problem text
+("must be ..."). Imports no torch/transformers."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from posttrainllm.errors import shorten
+
+POST_TRAINING = ("sft", "dpo", "finetune")  # start from a model
+TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
+ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "generate", "demo")
+
+LLRD_MIN, LLRD_MAX = 0.5, 1.0
+LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
+LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"
+
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "all")
+
+
+# checks: each returns None when fine, or the problem text ("must be ...")
+def _finite(v: float) -> str | None:
+    return None if math.isfinite(v) else "must be a finite number"
+
+
+def positive(v):
+    return _finite(v) or (None if v > 0 else "must be > 0")
+
+
+def non_negative(v):
+    return _finite(v) or (None if v >= 0 else "must be >= 0")
+
+
+def unit_interval(v):
+    return _finite(v) or (None if 0 <= v <= 1 else "must be in [0, 1]")
+
+
+def bottom_scale(v):
+    return _finite(v) or (None if 0 < v <= 1 else "must be in (0, 1]: block 0's LR as a fraction of the base LR")
+
+
+def fraction_below_one(v):
+    return _finite(v) or (None if 0 <= v < 1 else "must be in [0, 1)")
+
+
+def llrd_range(v):
+    if not math.isfinite(v) or not (LLRD_MIN <= v <= LLRD_MAX):
+        return f"must be a number in {LLRD_RANGE} (1.0 = no decay; bare --llrd = {LLRD_BARE})"
+    return None
+
+
+def seed_range(v):
+    return None if 0 <= v < 2**32 else "must be an integer in [0, 2**32 - 1]"
+
+
+def lr_factor(item):
+    pattern, factor = item
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f"pattern {shorten(pattern, 60)!r} is not a valid regular expression ({e})"
+    return (
+        None
+        if math.isfinite(factor) and factor >= 0
+        else f"factor of {shorten(pattern, 60)!r} must be a finite number >= 0 (0 freezes)"
+    )
+
+
+def positive_int(v):
+    return None if v > 0 else "must be a positive integer"
+
+
+def steps(v):
+    return None if v == -1 or v > 0 else "must be a positive integer (or -1 for 'use --epochs')"
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    def check(v):
+        return None if v in choices else f"must be one of: {', '.join(choices)}"
+
+    return check

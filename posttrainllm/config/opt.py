@@ -1,0 +1,41 @@
+"""`Opt`: one option's definition. The table of them (posttrainllm/config/options.py) is the single source of the
+command-line flags, the recipe keys, the RunConfig fields and the README's option table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One option: its recipe key is `name`, its flag is `--name-with-dashes` (or `flag`)."""
+
+    name: str
+    type: type  # float, int, str, bool, list, dict (repeatable KEY=VALUE on the command line, a mapping in recipes)
+    default: Any
+    help: str
+    commands: tuple[str, ...]
+    check: Callable[[Any], str | None] | None = None
+    metavar: str | None = None
+    flag: str | None = None
+    bare: Any = None  # value of the flag given without a value (e.g. `--llrd` alone → 0.95)
+    required: bool = False
+    recipe: bool = True  # may appear in a recipe
+    panel: str = "Training"
+    item: type = float  # dict options: the type of the values (float, or object = kept as given and checked later)
+    key: str | None = None  # recipe key and flag name when they differ from the internal name
+    deprecated: tuple[str, ...] = ()  # older names still read (as a recipe key and as --name-with-dashes), never shown
+
+    @property
+    def recipe_key(self) -> str:
+        return self.key or self.name
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.recipe_key.replace("_", "-")
+
+    @property
+    def deprecated_flags(self) -> tuple[str, ...]:
+        return tuple("--" + k.replace("_", "-") for k in self.deprecated)

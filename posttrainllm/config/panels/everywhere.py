@@ -1,0 +1,22 @@
+"""Options of the panel: options of every command."""
+
+from __future__ import annotations
+
+from posttrainllm.config.checks import (
+    ALL_COMMANDS,
+)
+from posttrainllm.config.opt import Opt
+
+EVERYWHERE: tuple[Opt, ...] = (
+    Opt(
+        "recipe",
+        str,
+        None,
+        "YAML recipe: keys are these option names; command-line flags override it.",
+        ALL_COMMANDS[:4] + ("eval",),
+        metavar="FILE",
+        panel="Run",
+        recipe=False,
+    ),
+    Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
+)

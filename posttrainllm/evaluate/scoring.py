@@ -1,0 +1,221 @@
+"""Scoring token ids: non-overlapping windows, NLL in float32 chunks, and the per-token KL to a reference (the
+perplexity definition is in the package docstring, posttrainllm/evaluate/__init__.py)."""
+
+from __future__ import annotations
+
+import math
+
+from posttrainllm.errors import DataError, UsageError
+
+# Number of sequence positions whose logits are converted to float32 at a time (bounds memory for big vocabularies).
+_NLL_CHUNK = 1024
+
+
+def _model_device(model):
+    import torch
+
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _tokenize_text(tokenizer, text: str):
+    """Token ids of ``text`` without special tokens (an int32 array). Long texts are tokenized in pieces cut at
+    pre-tokenizer boundaries (``posttrainllm.data.text.split_text``): the same ids for byte-level BPE tokenizers,
+    in bounded memory."""
+    return _tokenize_chunks(tokenizer, [text])
+
+
+def _tokenize_chunks(tokenizer, chunks):
+    """Token ids (int32 array) of the concatenation of text chunks, tokenized piece by piece; a chunk boundary is
+    kept only where it is a safe cut (else the text is carried into the next chunk)."""
+    import numpy as np
+
+    from posttrainllm.data.reading import safe_cut
+    from posttrainllm.data.text import Tokenize, split_text
+
+    encoder = Tokenize(tokenizer, "")
+    out, pending = [], ""
+    for chunk in chunks:
+        pending += chunk
+        cut = safe_cut(pending, len(pending) // 2) if len(pending) > (1 << 20) else None
+        if cut is None:
+            continue
+        out.extend(encoder.encode(split_text(pending[:cut])))
+        pending = pending[cut:]
+    if pending:
+        out.extend(encoder.encode(split_text(pending)))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
+
+
+def _check_max_length(max_length: int) -> int:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+        raise UsageError(f"max_length must be an integer >= 2, got {max_length!r}")
+    return max_length
+
+
+def _check_batch_size(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return batch_size
+
+
+def _row_nll_sum(logits_row, labels_row) -> tuple[float, int]:
+    """Sum of NLL (float32) of ``labels_row[t]`` under ``logits_row[t]``; labels == -100 are ignored.
+
+    ``logits_row``: (T, V) in the model's dtype, already aligned with ``labels_row`` (T,).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    total = torch.zeros((), dtype=torch.float32, device=logits_row.device)
+    count = 0
+    for start in range(0, logits_row.shape[0], _NLL_CHUNK):
+        lab = labels_row[start : start + _NLL_CHUNK]
+        keep = lab != -100
+        n = int(keep.sum().item())
+        if n == 0:
+            continue
+        lg = logits_row[start : start + _NLL_CHUNK][keep].float()
+        total = total + F.cross_entropy(lg, lab[keep], reduction="sum")
+        count += n
+    return float(total.item()), count
+
+
+class _EvalMode:
+    """Put the model in eval mode and no-grad/inference mode; restore the training flag afterwards."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        import torch
+
+        self.was_training = bool(getattr(self.model, "training", False))
+        self.model.eval()
+        self._ctx = torch.inference_mode()
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        if self.was_training:
+            self.model.train()
+        return False
+
+
+def _windows(n_tokens: int, max_length: int) -> int:
+    return -(-n_tokens // max_length)
+
+
+def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress, reference=None) -> dict:
+    """Perplexity of already tokenized text (see module docstring for the definition); with a `reference` model,
+    also the mean per-token KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py)."""
+    import numpy as np
+    import torch
+
+    max_length = _check_max_length(max_length)
+    batch_size = _check_batch_size(batch_size)
+    n = len(ids)
+    full = n // max_length
+    rest = n - full * max_length
+    device = _model_device(model)
+
+    nll_sum = 0.0
+    predicted = 0
+    kl = _KL(reference)
+    ids = np.asarray(ids, dtype=np.int64)
+    with _EvalMode(model), kl:
+        # Full windows: all of length max_length, batched without padding.
+        for b0 in range(0, full, batch_size):
+            b1 = min(b0 + batch_size, full)
+            batch = torch.from_numpy(ids[b0 * max_length : b1 * max_length].reshape(b1 - b0, max_length)).to(device)
+            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
+            for r in range(batch.shape[0]):
+                s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
+                nll_sum += s
+                predicted += c
+            kl.add(batch, logits)
+            del logits
+            if progress is not None:
+                progress(b1 - b0)
+        # The last, shorter window runs alone (no padding). One token predicts nothing: not run at all.
+        if rest >= 2:
+            batch = torch.from_numpy(ids[full * max_length :].reshape(1, rest)).to(device)
+            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
+            s, c = _row_nll_sum(logits[0, :-1], batch[0, 1:])
+            nll_sum += s
+            predicted += c
+            kl.add(batch, logits)
+            del logits
+        if rest and progress is not None:
+            progress(1)
+
+    if predicted == 0:
+        raise DataError(f"text too short to score: {n} token(s), at least 2 are needed")
+    mean = nll_sum / predicted
+    return {
+        "perplexity": math.inf if mean >= 700 else math.exp(mean),  # NaN stays NaN
+        "nll": mean,
+        "tokens": n,
+        "predicted_tokens": predicted,
+        "windows": _windows(n, max_length),
+        **kl.result(),
+    }
+
+
+class _KL:
+    """The running KL(reference ‖ model) of one text: the reference's forward on each batch the model scored."""
+
+    def __init__(self, reference):
+        self.reference, self.total, self.count = reference, 0.0, 0
+
+    def __enter__(self):
+        self._mode = _EvalMode(self.reference) if self.reference is not None else None
+        if self._mode is not None:
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc) if self._mode is not None else False
+
+    def add(self, batch, logits) -> None:
+        import torch
+
+        from posttrainllm.divergence import kl_sum
+
+        if self.reference is None:
+            return
+        ref_in = batch.to(_model_device(self.reference))
+        ref_logits = self.reference(input_ids=ref_in, attention_mask=torch.ones_like(ref_in), use_cache=False).logits
+        ref_logits = ref_logits.to(logits.device)
+        for r in range(batch.shape[0]):
+            s, c = kl_sum(ref_logits[r, :-1], logits[r, :-1])
+            self.total += s
+            self.count += c
+        del ref_logits
+
+    def result(self) -> dict:
+        if self.reference is None or not self.count:
+            return {}
+        return {"kl": self.total / self.count}
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+
+def text_perplexity(model, tokenizer, text: str, max_length: int, *, batch_size: int = 8, progress=None) -> dict:
+    """Perplexity of ``text`` in non-overlapping windows of ``max_length`` tokens (see the module docstring).
+
+    Returns ``{"perplexity", "nll" (mean NLL per predicted token), "tokens" (tokens in the text),
+    "predicted_tokens", "windows" (= ceil(tokens / max_length))}``. ``progress``: optional
+    ``callable(advance: int)``, called with the number of windows done (total = ``windows``).
+    Raises ``DataError`` if the text has fewer than 2 tokens, ``UsageError`` for max_length < 2.
+    """
+    if not isinstance(text, str):
+        raise DataError(f"text must be a string, got {type(text).__name__}")
+    _check_max_length(max_length)
+    return _score_ids(model, _tokenize_text(tokenizer, text), max_length, batch_size, progress)

@@ -1,0 +1,324 @@
+"""The lifecycle every training command shares (sft, dpo, finetune, pretrain), like torchtune's recipe
+setup → train → cleanup:
+
+    prepare the output dir (ownership, lock, resume point)          posttrainllm/rundir/
+    → across the ranks: seed, precision, trainer arguments checked before any model loads
+    → setup(cfg): the command's own part (model, tokenizer, data, plan, banner rows)   posttrainllm/commands/
+    → banner, param_groups.json, run_config.json (a dry run stops here)
+    → train (or, at the last step already, only the final save)     posttrainllm/training/
+    → finalize: final save, drift, forgetting (PPL, KL), records, model card, summary
+
+This is where the CLI path first imports torch/transformers/TRL (through its callees).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrainllm import banner, records
+from posttrainllm.errors import TrainingError
+from posttrainllm.rundir import checkpoints, layout, outdir, signals
+from posttrainllm.rundir.layout import is_rank0, write_json
+
+TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
+
+
+@dataclass
+class Setup:
+    """What a command's setup hands the lifecycle: the (possibly adjusted) config, what trains on what, the plan,
+    and the banner rows, notes and resolved settings to print and record."""
+
+    cfg: Any
+    model: Any
+    tokenizer: Any
+    prepared: Any
+    plan: Any
+    info: dict
+    notes: list[str] = field(default_factory=list)
+    resolved: dict = field(default_factory=dict)
+    ref_model: Any = None
+    model_path: str | None = None
+    after_plan: Callable[[Any], None] | None = None  # run_dir -> None: what to write once the plan is shown
+
+
+@dataclass
+class Context:
+    """What every setup receives: the config, the precision picked, the checked trainer arguments, the resume
+    point."""
+
+    cfg: Any
+    precision: str
+    trainer_args: dict
+    resume_from: Path | None
+
+
+def run(cfg, setup: Callable[[Context], Setup]) -> None:
+    """The whole lifecycle of one training command (module docstring)."""
+    prepared_output = prepare_output(cfg)
+    if prepared_output is None:
+        return
+    run_dir, resume_from = prepared_output
+    with run_dir:  # holds the output directory's lock; puts replaced contents back if the run fails early
+        across_ranks(cfg, lambda: _lifecycle(cfg, setup, run_dir, resume_from))
+
+
+def _lifecycle(cfg, setup, run_dir, resume_from) -> None:
+    from transformers import set_seed
+
+    from posttrainllm import models
+    from posttrainllm.training import check_optim_name, quiet_progress_bars
+
+    quiet_progress_bars()
+    set_seed(cfg.seed)
+    check_optim_name(cfg.optim)
+    precision = models.pick_precision(cfg.precision)
+    trainer_args = check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
+    s = setup(Context(cfg, precision, trainer_args, resume_from))
+    if show_plan(s.cfg, s.info, s.plan, s.notes, {**s.resolved, "trainer_args": trainer_args}, run_dir):
+        return
+    if s.after_plan is not None and is_rank0():
+        s.after_plan(run_dir)
+    before = ood_eval(s.model, s.tokenizer, s.cfg) if s.cfg.ood_eval else None
+    train_and_finalize(s, precision, resume_from, run_dir, before)
+
+
+def prepare_output(cfg):
+    """Output-dir safety before anything heavy (posttrainllm/rundir/outdir.py): checks, the directory's lock (rank 0)
+    and the checkpoint to resume from. Returns (run_dir, resume_from), or None when --resume finds the run complete."""
+    run_dir = outdir.prepare(cfg)
+    if run_dir is None:
+        if is_rank0():
+            done = layout.finished_run(Path(cfg.output_dir).expanduser()) or {}
+            banner.console.print(
+                f"already complete: {cfg.output_dir} holds the finished run (step "
+                f"{done.get('global_step', '?')}); nothing to do"
+            )
+        return None
+    resume_from = None
+    if cfg.resume:
+        try:
+            resume_from, skipped = checkpoints.resume_checkpoint(cfg.output_dir)
+        except BaseException:
+            run_dir.release()
+            raise
+        if skipped and is_rank0():
+            banner.note(f"skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}")
+    return run_dir, resume_from
+
+
+def show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) -> bool:
+    """Banner + param_groups.json + run_config.json (rank 0). Returns True for a dry run (nothing to train).
+
+    A real run first lets --overwrite move the previous contents aside (run_dir.start). A dry run writes its plan
+    only into a directory that holds no run (it leaves a previous run exactly as it is)."""
+    if not is_rank0():
+        return cfg.dry_run
+    if cfg.llrd_bottom_scale:
+        extra = {**extra, "llrd_gamma_from_bottom_scale": plan.gamma}
+    banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
+    out = Path(cfg.output_dir)
+    if cfg.dry_run:
+        if outdir.only_pre_training_records(out):
+            write_json(out / "param_groups.json", plan.to_json())
+            write_json(out / layout.RUN_CONFIG, {**cfg.to_dict(), **extra})
+            banner.console.print(f"dry run: nothing trained; parameter groups written to {out / 'param_groups.json'}")
+        else:
+            banner.console.print(
+                f"dry run: nothing trained; {out} holds a previous run, which a dry run "
+                "leaves as it is (param_groups.json not written)"
+            )
+        return True
+    run_dir.start()
+    write_json(out / "param_groups.json", plan.to_json())
+    checkpoints.write_run_config(out, {**cfg.to_dict(), **extra}, resume=cfg.resume)
+    return False
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
+
+
+def ood_eval(model, tokenizer, cfg, reference=None) -> dict:
+    from posttrainllm.evaluate import evaluate_files
+
+    return evaluate_files(
+        model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0(), reference=reference
+    )
+
+
+def kl_reference(cfg, model_path: str | None, precision: str):
+    """The base model again, for the forgetting report's KL column: loaded from --model after training (no second
+    copy is held while training), on the tuned model's device, in eval mode."""
+    from posttrainllm import models
+
+    if not model_path:
+        return None
+    import torch
+
+    ref = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    if torch.cuda.is_available():
+        ref = ref.to("cuda")
+    return ref.eval()
+
+
+def check_trainer_args(cfg, kind: str, precision: str) -> dict:
+    """--trainer-arg values checked (and the whole trainer config built once) before any model is loaded."""
+    from posttrainllm.training import check_trainer_args, trainer_config
+
+    trainer_config(kind, cfg, precision, has_eval=bool(cfg.eval_split or cfg.eval_dataset))
+    return check_trainer_args(kind, cfg.trainer_args or {})
+
+
+def across_ranks(cfg, fn) -> None:
+    """fn() under torchrun/accelerate: the CPU process group with --ddp-timeout, and another rank's failure (a closed
+    connection, a timeout) as one clear message (posttrainllm/distributed.py)."""
+    from posttrainllm import distributed
+
+    distributed.stop_with_launcher()
+    distributed.init_process_group(cfg.ddp_timeout)
+    try:
+        fn()
+    except RuntimeError as e:  # torch.distributed's errors (DistBackendError, DistStoreError, gloo's) are RuntimeErrors
+        lost = distributed.lost_rank_error(e, cfg.ddp_timeout, cfg.output_dir)
+        if lost is None:
+            raise
+        raise lost from e
+
+
+def _at_last_step(trainer, checkpoint: Path) -> int | None:
+    """The checkpoint's step when it is already at the run's last step (a crash hit the final save), else None."""
+    try:
+        step = int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    *_, max_steps = trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())
+    return step if step >= max_steps else None
+
+
+def train_and_finalize(s: Setup, precision: str, resume_from, run_dir, before) -> None:
+    """Build the trainer, train (or finish a run that already reached its last step), then finalize."""
+    from posttrainllm.training import build_trainer
+
+    cfg = s.cfg
+    guard = signals.InterruptGuard()
+    trainer = build_trainer(
+        TRAINER_KIND[cfg.command],
+        cfg,
+        model=s.model,
+        tokenizer=s.tokenizer,
+        train=s.prepared.train,
+        eval_ds=s.prepared.eval,
+        precision=precision,
+        plan=s.plan,
+        ref_model=s.ref_model,
+        callbacks=[signals.make_callback(guard)],
+        loss=s.prepared.loss,
+    )
+    if cfg.report_to in ("tensorboard", "all"):
+        run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
+    baseline = None
+    if cfg.command != "pretrain":  # the weights before training, for the drift report (files on disk, no second model)
+        from posttrainllm import drift
+
+        baseline = drift.Baseline(trainer.model, s.model_path or cfg.model)
+    t0 = time.time()
+    last = _at_last_step(trainer, resume_from) if resume_from else None
+    metrics = _finish_from(trainer, resume_from, last) if last is not None else _train(cfg, trainer, guard, resume_from)
+    if s.prepared.eval is not None:
+        metrics.update(trainer.evaluate())
+    _finalize(s, trainer, metrics, precision, run_dir, baseline, before, t0)
+    if trainer.is_world_process_zero():
+        first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
+        banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+def _finish_from(trainer, checkpoint: Path, last: int) -> dict:
+    """Training had ended at `checkpoint`; only the final save is missing: load it, no extra step."""
+    from transformers import TrainerState
+
+    if trainer.is_world_process_zero():
+        banner.console.print(f"{checkpoint.name} is at the last step ({last}): writing the final model from it")
+    trainer._load_from_checkpoint(str(checkpoint))
+    trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    return {k: v for h in trainer.state.log_history for k, v in h.items() if k in ("train_loss", "train_runtime")}
+
+
+def _train(cfg, trainer, guard, resume_from) -> dict:
+    """trainer.train under the signal guard; an interrupt exits with its code, a NaN/inf mean loss is an error."""
+    with guard:
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if guard.signum is not None:
+        records.report_interrupt(cfg, trainer, guard)
+        raise SystemExit(guard.exit_code)
+    metrics = dict(result.metrics)
+    if not math.isfinite(metrics.get("train_loss", 0.0)):
+        raise TrainingError(
+            f"training diverged: the mean training loss is {metrics['train_loss']}; "
+            f"no final model was written. Try a lower --lr (now {cfg.lr:g}), a "
+            "warmup (--warmup-ratio 0.05) or --precision fp32"
+        )
+    return metrics
+
+
+def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baseline, before, t0: float) -> None:
+    """Final save, drift, forgetting (every rank: sharded models gather collectively), then rank 0's records; the
+    replaced contents go once the final save is complete."""
+    cfg = s.cfg
+    sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
+    drift_report = None
+    if baseline is not None:
+        from posttrainllm import drift
+
+        drift_report = drift.measure(trainer.model, baseline, s.plan)  # every rank: FSDP gathers sharded tensors
+    after = None
+    if before is not None:  # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
+        reference = kl_reference(cfg, s.model_path, precision)
+        after = ood_eval(trainer.model, s.tokenizer, cfg, reference=reference)
+        del reference
+    report = None
+    if trainer.is_world_process_zero():
+        report = _write_records(s, trainer, metrics, sizes, run_dir, before, after, drift_report, t0)
+    run_dir.finish()  # the new final save is complete: what --overwrite moved aside can go
+    if trainer.is_world_process_zero():
+        if report:
+            banner.print_forgetting(report)
+        if drift_report is not None:
+            banner.print_drift(drift_report)
+
+
+def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, drift_report, t0) -> dict | None:
+    """trainer_state.json, eval_results.json (with forgetting and drift), the model card, then the final marker."""
+    cfg = s.cfg
+    out = Path(cfg.output_dir)
+    trainer.state.save_to_json(str(out / "trainer_state.json"))
+    results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2)}
+    report = None
+    if before is not None:
+        from posttrainllm.evaluate import forgetting_report
+
+        report = forgetting_report(before, after)
+        results["ood"] = report
+        records.log_forgetting(trainer, report)
+    if drift_report is not None:
+        results["drift"] = drift_report
+        records.write_drift(run_dir, out, drift_report)
+    write_json(out / "eval_results.json", results)
+    records.write_model_card(cfg, run_dir, s.plan, s.prepared, metrics, report, drift_report, s.model_path)
+    write_json(
+        out / layout.FINAL_MARKER,
+        {
+            "global_step": trainer.state.global_step,
+            "train_loss": metrics.get("train_loss"),
+            "eval_loss": metrics.get("eval_loss"),
+            "files": sizes,
+        },
+    )
+    return report

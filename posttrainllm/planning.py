@@ -1,0 +1,80 @@
+"""The run's one LLRD plan, built from the config: library errors in the CLI's words (by the error's field), the γ
+a bottom scale gives, and the max length the model allows. Imports torch only through posttrainllm.llrd."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from posttrainllm.errors import ModelStructureError, UsageError
+
+# the library's argument (LLRDArgumentError.field) -> the option that sets it; any other: "layer-wise LR decay"
+LLRD_FLAGS = {"block_path": "--llrd-blocks", "lr_groups": "--lr-group", "loraplus_ratio": "--loraplus-ratio"}
+
+
+def plan_param_groups(cfg, model):
+    """The run's one LLRD plan (llrd.build_param_groups), with freezing applied; library errors get the CLI's words.
+
+    The plan printed in the banner and saved as param_groups.json is the plan the trainer's optimizer receives."""
+    from posttrainllm import llrd
+
+    try:
+        gamma = cfg.llrd
+        if cfg.llrd_bottom_scale:
+            gamma = bottom_scale_gamma(cfg, llrd.count_blocks(model, cfg.llrd_blocks))
+        plan = llrd.build_param_groups(
+            model,
+            cfg.lr,
+            gamma,
+            cfg.weight_decay,
+            tied_policy=cfg.tied_embeddings,
+            min_scale=cfg.llrd_min_scale,
+            freeze_below=cfg.llrd_freeze_below,
+            block_path=cfg.llrd_blocks,
+            lr_groups=cfg.lr_groups,
+            loraplus_ratio=cfg.loraplus_ratio or 1.0,
+        )
+    except llrd.BlockStructureError as e:
+        example = e.candidates[0][0] if e.candidates else "model.layers"
+        raise ModelStructureError(
+            f"LLRD: {e}. Fix: name the block list with --llrd-blocks PATH (recipe key `llrd_blocks`), "
+            f"e.g. --llrd-blocks {example}; or use γ = 1 (no layer-wise decay)"
+        ) from None
+    except llrd.LLRDArgumentError as e:
+        raise UsageError(f"{LLRD_FLAGS.get(e.field, 'layer-wise LR decay')}: {e}") from None
+    llrd.apply_freeze(plan)
+    return plan
+
+
+def bottom_scale_gamma(cfg, num_blocks: int) -> float:
+    """--llrd-bottom-scale S: the γ that gives block 0 (and the embeddings) the LR scale S on `num_blocks` blocks,
+    γ = S^(1/(N-1)); a UsageError when that γ is outside the CLI's range."""
+    from posttrainllm.config import LLRD_MAX, LLRD_MIN, LLRD_RANGE
+    from posttrainllm.llrd import gamma_for_bottom_scale
+
+    s = cfg.llrd_bottom_scale
+    gamma = gamma_for_bottom_scale(s, num_blocks)
+    if not LLRD_MIN <= gamma <= LLRD_MAX:
+        raise UsageError(
+            f"--llrd-bottom-scale {s:g} on a {num_blocks}-block model means γ = {gamma:.4g}, outside {LLRD_RANGE}: "
+            f"use a bottom scale of at least {LLRD_MIN ** (num_blocks - 1):.3g} (0.5^{num_blocks - 1})"
+        )
+    return gamma
+
+
+def bottom_scale_note(cfg, plan) -> list[str]:
+    """The banner's line saying which γ --llrd-bottom-scale gave."""
+    n, s = plan.num_layers, cfg.llrd_bottom_scale
+    if not s or n < 2:
+        return []
+    return [f"--llrd-bottom-scale {s:g} on {n} blocks: γ = {s:g}^(1/{n - 1}) = {plan.gamma:.4f}"]
+
+
+def clamp_max_length(cfg, limit: int | None):
+    """--max-length above the model's positions would crash models with learned position embeddings: clamp it
+    (with a note when the user asked for more; the default simply becomes the model's limit). Returns the
+    (possibly new) config and the notes."""
+    if limit is None or cfg.max_length <= limit:
+        return cfg, []
+    asked = cfg.sources.get("max_length") != "default"
+    note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
+    return dataclasses.replace(cfg, max_length=limit), ([note] if asked else [])

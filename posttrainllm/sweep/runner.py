@@ -1,0 +1,157 @@
+"""Running the cells: one subprocess each (its own threads or GPU), skipped when already done with the same
+settings; the cell records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from posttrainllm.sweep.grid import Cell, SweepSpec
+from posttrainllm.sweep.results import plot_frontier, recommend, summarize, write_markdown
+
+
+# ------------------------------------------------------------------------------------------------ running
+def _fingerprint(spec: SweepSpec, cell: Cell) -> str:
+    return hashlib.sha256(json.dumps(spec.argv(cell)).encode()).hexdigest()[:16]
+
+
+def _cell_done(spec: SweepSpec, cell: Cell) -> dict | None:
+    d = spec.output_dir / "cells" / cell.name
+    record = d / "sweep_cell.json"
+    if not record.is_file() or not (d / "training_complete.json").is_file():
+        return None
+    data = json.loads(record.read_text())
+    return data if data.get("fingerprint") == _fingerprint(spec, cell) else None
+
+
+def _env_for(job: int, jobs: int) -> dict[str, str]:
+    env = dict(os.environ)
+    gpus = _cuda_devices()
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[job % len(gpus)]
+    else:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def _cuda_devices() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in visible.split(",") if d.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _run_cell(spec: SweepSpec, cell: Cell, job: int) -> dict:
+    d = spec.output_dir / "cells" / cell.name
+    log = spec.output_dir / "logs" / f"{cell.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = spec.argv(cell)
+    if d.exists() and any(d.iterdir()):
+        argv.append("--overwrite")  # an unfinished (or differently configured) earlier attempt of this cell
+    t0 = time.time()
+    with open(log, "w") as f:
+        f.write("$ posttrainllm " + " ".join(shlex.quote(a) for a in argv) + "\n")
+        f.flush()
+        rc = subprocess.run(
+            [sys.executable, "-m", "posttrainllm", *argv],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=_env_for(job, spec.jobs),
+        ).returncode
+    if rc != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+        return {"cell": cell.name, "failed": True, "exit_code": rc, "error": tail[0][:300], "log": str(log)}
+    record = _record(spec, cell, d, time.time() - t0)
+    (d / "sweep_cell.json").write_text(json.dumps(record, indent=2))
+    if spec.discard_weights:
+        for f in d.glob("*.safetensors"):
+            f.unlink()
+    return record
+
+
+def _record(spec: SweepSpec, cell: Cell, d: Path, seconds: float) -> dict:
+    results = json.loads((d / "eval_results.json").read_text())
+    metrics = results.get("train", {})
+    ood = {name: r.get("change_pct") for name, r in (results.get("ood") or {}).items()}
+    record = {
+        "cell": cell.name,
+        "gamma": cell.gamma,
+        "lr": cell.lr,
+        "replay_ratio": cell.replay_ratio,
+        "seed": cell.seed,
+        "eval_loss": metrics.get("eval_loss"),
+        "train_loss": metrics.get("train_loss"),
+        "ood_change_pct": ood,
+        "seconds": round(seconds, 1),
+        "fingerprint": _fingerprint(spec, cell),
+    }
+    for key, name in (("eval_rewards/accuracies", "reward_accuracy"), ("eval_rewards/margins", "reward_margin")):
+        if key in metrics:
+            record[name] = metrics[key]
+    return record
+
+
+def run(spec: SweepSpec, echo=print) -> dict:
+    """Run (or skip) every cell, then aggregate, recommend and write results.json / results.md / frontier.png."""
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    cells = spec.cells()
+    records: dict[str, dict] = {}
+    todo = []
+    for cell in cells:
+        done = _cell_done(spec, cell)
+        if done is not None:
+            records[cell.name] = done
+        else:
+            todo.append(cell)
+    echo(
+        f"sweep: {len(cells)} cells ({len(cells) - len(todo)} already done, {len(todo)} to run, {spec.jobs} at a time)"
+        f" → {spec.output_dir}"
+    )
+    failed = []
+    with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
+        futures = [pool.submit(_run_cell, spec, cell, i % spec.jobs) for i, cell in enumerate(todo)]
+        for n, fut in enumerate(futures, start=1):
+            rec = fut.result()
+            if rec.get("failed"):
+                failed.append(rec)
+                echo(
+                    f"[{n}/{len(todo)}] {rec['cell']}: FAILED (exit {rec['exit_code']}): "
+                    f"{rec['error']}  (log: {rec['log']})"
+                )
+                continue
+            records[rec["cell"]] = rec
+            ood = ", ".join(f"{k} {v:+.1f}%" for k, v in rec["ood_change_pct"].items() if v is not None)
+            echo(f"[{n}/{len(todo)}] {rec['cell']}: eval loss {rec['eval_loss']:.4f}; {ood} ({rec['seconds']:.0f} s)")
+    ordered = [records[c.name] for c in cells if c.name in records]
+    summary = summarize(ordered)
+    result = {
+        "command": spec.command,
+        "grid": {"llrd": spec.gammas, "lr": spec.lrs, "replay_ratio": spec.replay_ratios, "seeds": spec.seeds},
+        "options": spec.passthrough,
+        "max_forgetting_pct": spec.max_forgetting,
+        "cells": ordered,
+        "failed": failed,
+        "summary": summary,
+        "recommendation": recommend(summary, spec.max_forgetting),
+    }
+    (spec.output_dir / "results.json").write_text(json.dumps(result, indent=2))
+    write_markdown(result, spec.output_dir / "results.md")
+    note = plot_frontier(summary, spec.output_dir / "frontier.png")
+    result["plot_note"] = note
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ analysis
