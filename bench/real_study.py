@@ -141,7 +141,7 @@ def train_phase(files: dict, gguf: Path, out: Path, grid: list[dict], heal_steps
 
 def evaluate(model: Path, reference: Path, files: dict, log: Path) -> dict:
     texts = [str(files[k]) for k in ("code", "prose", "shakespeare")]
-    res = log.with_suffix(".json")
+    res = log.parent / f"{log.name}.json"  # not with_suffix: run names hold dots (llrd0.95-...)
     args = ["eval", "--model", str(model), "--reference", str(reference), "--max-length", "192", "--json"]
     for t in texts:
         args += ["--text", t]
