@@ -96,19 +96,33 @@ def _split_modules(text: str, marker: str, end: str = "") -> list[tuple[str, str
     return [(name, "".join(lines)) for name, lines in parts]
 
 
-def prepare_data(out: Path) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
+def splits() -> dict:
+    """The shared data cut as ../shared/data/README.md suggests: Shakespeare (90% / 10%), the stdlib modules up to
+    typing.py / after it, python_docs without / with the held-out documents (library/ s-z), Alpaca 900 / 99."""
     shakespeare = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
     cut = int(len(shakespeare) * 0.9)
     modules = _split_modules((SHARED / "python_stdlib_code.txt").read_text(encoding="utf-8"), "# ==== Lib/", " ====")
     last_train = [m[0] for m in modules].index("typing.py")
-    code_train = "".join(m[1] for m in modules[: last_train + 1])
-    code_held = "".join(m[1] for m in modules[last_train + 1 :])
     docs = _split_modules((SHARED / "python_docs.txt").read_text(encoding="utf-8"), ".. document: ")
     held = [d for d in docs if d[0].startswith("library/") and d[0].split("/", 1)[1][:1].lower() >= "s"]
-    docs_train = "".join(d[1] for d in docs if d not in held)
-    docs_held = "".join(d[1] for d in held)
     alpaca = json.loads((SHARED / "alpaca_en_demo.json").read_text())
+    return {
+        "shakespeare_train": shakespeare[:cut],
+        "shakespeare_held": shakespeare[cut:],
+        "code_train": "".join(m[1] for m in modules[: last_train + 1]),
+        "code_held": "".join(m[1] for m in modules[last_train + 1 :]),
+        "docs_train": "".join(d[1] for d in docs if d not in held),
+        "docs_held": "".join(d[1] for d in held),
+        "alpaca_train": alpaca[:900],
+        "alpaca_val": alpaca[900:],
+    }
+
+
+def prepare_data(out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    sp = splits()
+    shakespeare, cut = sp["shakespeare_train"] + sp["shakespeare_held"], len(sp["shakespeare_train"])
+    code_train, code_held, docs_train, docs_held = sp["code_train"], sp["code_held"], sp["docs_train"], sp["docs_held"]
     files = {
         "pretrain": out / "pretrain.txt",
         "pretrain_big": out / "pretrain_big.txt",
@@ -124,8 +138,8 @@ def prepare_data(out: Path) -> dict[str, Path]:
     files["ood_shakespeare"].write_text(shakespeare[cut:][:OOD_CHARS], encoding="utf-8")
     files["ood_code"].write_text(code_held[:OOD_CHARS], encoding="utf-8")
     files["ood_docs"].write_text(docs_held[:OOD_CHARS], encoding="utf-8")
-    files["alpaca_train"].write_text(json.dumps(alpaca[:900]))
-    files["alpaca_val"].write_text(json.dumps(alpaca[900:]))
+    files["alpaca_train"].write_text(json.dumps(sp["alpaca_train"]))
+    files["alpaca_val"].write_text(json.dumps(sp["alpaca_val"]))
     return files
 
 

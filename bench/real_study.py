@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from llrd_study import SHARED, _split_modules, machine  # noqa: E402
+from llrd_study import machine, splits  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "real_study"
 HEAL_CHARS = 600_000
@@ -44,15 +44,7 @@ COMMON = ["--batch-size", "4", "--max-length", "192", "--save-steps", "100000", 
 
 def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    shakespeare = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
-    modules = _split_modules((SHARED / "python_stdlib_code.txt").read_text(encoding="utf-8"), "# ==== Lib/", " ====")
-    last_train = [m[0] for m in modules].index("typing.py")
-    code_held = "".join(m[1] for m in modules[last_train + 1 :])
-    docs = _split_modules((SHARED / "python_docs.txt").read_text(encoding="utf-8"), ".. document: ")
-    held = [d for d in docs if d[0].startswith("library/") and d[0].split("/", 1)[1][:1].lower() >= "s"]
-    docs_train = "".join(d[1] for d in docs if d not in held)
-    docs_held = "".join(d[1] for d in held)
-    alpaca = json.loads((SHARED / "alpaca_en_demo.json").read_text())
+    sp = splits()
     files = {
         "heal": out / "heal.txt",
         "code": out / "heldout_code.txt",
@@ -61,13 +53,11 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
         "alpaca_train": out / "alpaca_train.json",
         "alpaca_val": out / "alpaca_val.json",
     }
-    files["heal"].write_text(docs_train[:HEAL_CHARS], encoding="utf-8")
-    files["code"].write_text(code_held[offset : offset + heldout_chars], encoding="utf-8")
-    files["prose"].write_text(docs_held[offset : offset + heldout_chars], encoding="utf-8")
-    cut = int(len(shakespeare) * 0.9)
-    files["shakespeare"].write_text(shakespeare[cut:][offset : offset + heldout_chars], encoding="utf-8")
-    files["alpaca_train"].write_text(json.dumps(alpaca[:900]))
-    files["alpaca_val"].write_text(json.dumps(alpaca[900:]))
+    files["heal"].write_text(sp["docs_train"][:HEAL_CHARS], encoding="utf-8")
+    for key, text in (("code", "code_held"), ("prose", "docs_held"), ("shakespeare", "shakespeare_held")):
+        files[key].write_text(sp[text][offset : offset + heldout_chars], encoding="utf-8")
+    files["alpaca_train"].write_text(json.dumps(sp["alpaca_train"]))
+    files["alpaca_val"].write_text(json.dumps(sp["alpaca_val"]))
     return files
 
 
