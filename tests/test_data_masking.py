@@ -5,6 +5,8 @@ a system prompt, the default ChatML template (generation markers, through TRL) a
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 
 import pytest
 from data_samples import make_tokenizer, write_json, write_jsonl
@@ -97,7 +99,7 @@ def labels_through_trl(tokenizer, prepared, loss):
         )
     )
     conf = SFTConfig(
-        output_dir="unused",
+        output_dir=tempfile.mkdtemp(prefix="posttrainllm-test-"),  # never the checkout (the suite checks it)
         max_length=512,
         report_to=[],
         use_cpu=True,
@@ -106,6 +108,7 @@ def labels_through_trl(tokenizer, prepared, loss):
         dataset_num_proc=None,
     )
     trainer = SFTTrainer(model=model, args=conf, train_dataset=prepared.train, processing_class=tokenizer)
+    shutil.rmtree(conf.output_dir, ignore_errors=True)
     return [(row["input_ids"], row["labels"]) for row in trainer.train_dataset]
 
 
@@ -229,7 +232,12 @@ def test_dpo_prompts_stay_out_of_the_loss_through_trls_own_handling(tmp_path, to
         )
     )
     conf = DPOConfig(
-        output_dir="unused", report_to=[], use_cpu=True, bf16=False, max_length=256, per_device_train_batch_size=2
+        output_dir=str(tmp_path / "trl"),
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        max_length=256,
+        per_device_train_batch_size=2,
     )
     import copy
 
