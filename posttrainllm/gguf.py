@@ -71,7 +71,9 @@ def inspect(path: Path, what: str = "--model") -> dict[str, Any]:
     try:
         import gguf
     except ImportError:
-        raise UsageError(f"{what} {path}: reading GGUF files needs the gguf package: pip install gguf") from None
+        raise UsageError(
+            f"{what} {path}: reading GGUF files needs the gguf package: pip install 'posttrainllm[gguf]'"
+        ) from None
     try:
         reader = gguf.GGUFReader(str(path))
         arch = _field(reader, "general.architecture")
