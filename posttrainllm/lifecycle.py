@@ -23,7 +23,7 @@ from typing import Any
 
 from posttrainllm import banner, records
 from posttrainllm.errors import TrainingError
-from posttrainllm.rundir import checkpoints, layout, outdir, signals
+from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 
 TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
@@ -121,6 +121,7 @@ def show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) -> 
         return cfg.dry_run
     if cfg.llrd_bottom_scale:
         extra = {**extra, "llrd_gamma_from_bottom_scale": plan.gamma}
+    extra = {**extra, fingerprint.RESOLVED: fingerprint.resolved_record(cfg.to_dict(), plan.gamma, plan.num_layers)}
     banner.print_banner(cfg.command + (" (dry run)" if cfg.dry_run else ""), info, plan, notes)
     out = Path(cfg.output_dir)
     if cfg.dry_run:

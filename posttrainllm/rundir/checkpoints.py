@@ -22,6 +22,7 @@ from pathlib import Path
 
 from posttrainllm.distributed import max_over_ranks
 from posttrainllm.errors import TrainingError, UsageError
+from posttrainllm.rundir import fingerprint
 from posttrainllm.rundir.layout import (
     FINAL_MARKER,
     HIDDEN,
@@ -31,32 +32,6 @@ from posttrainllm.rundir.layout import (
     own,
     verify_checkpoint,
     write_json,
-)
-
-# keys that change what a resumed optimizer would do; resuming with other values is refused by default
-RESUME_KEYS = (
-    "model",
-    "lr",
-    "llrd",
-    "llrd_min_scale",
-    "llrd_freeze_below",
-    "llrd_blocks",
-    "tied_embeddings",
-    "lr_groups",
-    "loraplus_ratio",
-    "weight_decay",
-    "optim",
-    "lr_scheduler",
-    "warmup_ratio",
-    "lora_r",
-    "lora_alpha",
-    "lora_targets",
-    "batch_size",
-    "grad_accum",
-    "max_steps",
-    "epochs",
-    "seed",
-    "model_config",
 )
 
 
@@ -84,39 +59,43 @@ def _saved_config(out) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
 
-def config_diffs(out, current: dict) -> list[str]:
-    """The settings that change what a resumed optimizer would do, as 'key: old → new'."""
-    saved = _saved_config(out) or {}
-    return [
-        f"{k}: {saved.get(k)!r} → {current.get(k)!r}"
-        for k in RESUME_KEYS
-        if k in saved and k in current and saved.get(k) != current.get(k)
-    ]
+def config_diffs(out, current: dict, *, include_free: bool = False) -> list[tuple[str, str, str]]:
+    """How the current run differs from the saved one (posttrainllm/rundir/fingerprint.py), as (field, old, new)."""
+    saved = _saved_config(out)
+    return [] if saved is None else fingerprint.differences(saved, current, include_free=include_free)
+
+
+def asks_for_more(out, current: dict) -> bool:
+    """A --resume of a finished run trains on only when a setting that shapes training, or --max-steps, changed
+    (a new --logging-steps alone leaves the finished run as it is)."""
+    return any(
+        k not in fingerprint.FREE or k == "max_steps" for k, _, _ in config_diffs(out, current, include_free=True)
+    )
 
 
 def check_resume_config(out, current: dict, allow_change: bool) -> None:
-    """Refuse to resume with a different LR / γ / grouping (PyTorch would silently keep the old group LRs)."""
+    """Refuse to resume a different run: every setting that shapes training is compared (fingerprint.FREE lists the
+    ones a resume may change); --allow-config-change accepts the new values and records the old as history."""
     diffs = config_diffs(out, current)
     if diffs and not allow_change:
         raise UsageError(
-            "--resume with a different configuration than the checkpoint's run "
-            f"({'; '.join(diffs)}); the resumed optimizer would keep its old "
-            "per-group LRs. Resume with the original values, or pass "
-            "--allow-config-change to apply the new ones"
+            f"--resume: this is not the run in {out} ({fingerprint.describe(diffs)}). Resume with the original "
+            "settings, or pass --allow-config-change to continue with the new ones (the optimizer then takes the "
+            'new LRs and hyperparameters, and run_config.json keeps the old values under "history")'
         )
 
 
 def write_run_config(out, current: dict, *, resume: bool) -> None:
-    """run_config.json: the resolved configuration. A resume that changed settings (--allow-config-change) records
-    the new ones and keeps the replaced ones, oldest first, under "history"."""
+    """run_config.json: the resolved configuration. A resume that changed settings (--allow-config-change, or the
+    free ones such as --max-steps) records the new ones and keeps the replaced ones, oldest first, under "history"."""
     path = Path(out) / RUN_CONFIG
     saved = _saved_config(out) if resume else None
     if saved is None:
         write_json(path, current)
         return
-    old = {k: v for k, v in saved.items() if k != "history"}
-    if not config_diffs(out, current):
+    if not fingerprint.differences(saved, current, include_free=True):
         return
+    old = {k: v for k, v in saved.items() if k != "history"}
     write_json(path, {**current, "history": list(saved.get("history") or []) + [old]})
 
 

@@ -19,6 +19,16 @@ MARKER = "COMPLETE"
 FINAL_MARKER = "training_complete.json"
 RUN_CONFIG = "run_config.json"
 CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
+# records a run writes besides the model (run_config.json ... training_complete.json), always ours by name
+OWN_RECORDS = frozenset(
+    {
+        RUN_CONFIG,
+        "param_groups.json",
+        "trainer_state.json",
+        "eval_results.json",
+        FINAL_MARKER,
+    }
+)
 
 
 def is_rank0() -> bool:

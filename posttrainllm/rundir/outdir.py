@@ -38,6 +38,7 @@ from posttrainllm.rundir.layout import (
     HIDDEN,
     MANIFEST,
     MARKER,
+    OWN_RECORDS,
     finished_run,
     is_rank0,
     manifest,
@@ -47,16 +48,6 @@ from posttrainllm.rundir.layout import (
 LOCK_NAME = "lock"
 SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
-# records a run writes besides the model (run_config.json ... training_complete.json), always ours by name
-OWN_RECORDS = frozenset(
-    {
-        "run_config.json",
-        "param_groups.json",
-        "trainer_state.json",
-        "eval_results.json",
-        "training_complete.json",
-    }
-)
 # what a run writes before its first training step: a directory holding only these is not a finished run
 PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer"})
 # inputs that --overwrite must not be asked to replace
@@ -347,7 +338,7 @@ def _check(cfg, out: Path) -> bool:
     if cfg.resume:
         if not names:
             raise UsageError(f"--resume: {label} has no checkpoints to resume from")
-        if finished_run(out) and not checkpoints.config_diffs(out, cfg.to_dict()):
+        if finished_run(out) and not checkpoints.asks_for_more(out, cfg.to_dict()):
             return False  # finished, and nothing asks for more: leave it exactly as it is
         checkpoints.check_resume_config(out, cfg.to_dict(), cfg.allow_config_change)
         checkpoints.resume_checkpoint(out)

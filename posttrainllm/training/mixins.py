@@ -61,6 +61,7 @@ class LLRDMixin:
         groups = self.optimizer.param_groups
         if len(groups) != len(plan.groups):
             return
+        _put_back_hyperparameters(self.optimizer, plan.groups)
         new = [g["lr"] for g in plan.groups]
         if all(g.get("initial_lr") == lr for g, lr in zip(groups, new)):
             return
@@ -90,6 +91,18 @@ class LLRDMixin:
                     for row in plan.rows:
                         logs[f"lr/{row['block']}"] = row["lr"] * now
         super().log(logs, *args, **kwargs)
+
+
+def _put_back_hyperparameters(optimizer, planned: list[dict]) -> None:
+    """Loading an optimizer state dict also restores the saved groups' hyperparameters (betas, eps, weight decay...).
+    Resuming refuses a change of them unless --allow-config-change, and then the run trains with the new ones: the
+    optimizer's own defaults (built from this run's arguments) and the plan's per-group weight decay."""
+    defaults = getattr(optimizer, "defaults", None) or {}
+    for group, plan_group in zip(optimizer.param_groups, planned):
+        for key, value in defaults.items():
+            if key in ("lr", "initial_lr", "params") or key not in group:
+                continue
+            group[key] = plan_group.get(key, value) if key == "weight_decay" else value
 
 
 class EngineMixin:
