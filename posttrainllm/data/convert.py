@@ -127,12 +127,12 @@ class Converter:
         return None
 
 
-def _exact_error(conv: Converter, ds, error: F.NotTextError) -> DataError:
-    """datasets keeps a JSON column of mixed types as JSON text and reads a string such as "81" back as the number
-    81: when such a column holds the value that is not text, the file is read again with Python's json (exact
-    types) and the record that really holds one is named."""
-    feature = (ds.features or {}).get(error.column)
-    records = local_json_records(conv.source) if feature is not None and has_json_feature({"c": feature}) else None
+def _exact_error(conv: Converter, error: F.NotTextError) -> DataError:
+    """The types datasets gives may not be the file's: a JSON column of mixed types is kept as JSON text and the
+    string "81" comes back as the number 81 (pandas, its fallback reader, does the same). So when a text column
+    holds a value that is not text, a local JSON file is read again with Python's json (exact types) and the record
+    that really holds one is named."""
+    records = local_json_records(conv.source)
     if records is None:
         return error
     try:
@@ -228,7 +228,7 @@ def convert_dataset(ds, fmt: str, source: str, *, conversational: bool, budget=N
                 desc="Converting",
             ).with_format(None)
         except F.NotTextError as e:
-            raise _exact_error(conv, ds, e) from None
+            raise _exact_error(conv, e) from None
         reasons = out.data.column(DROP)
         out = out.remove_columns(DROP)
     dropped = {}
