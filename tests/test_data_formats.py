@@ -430,3 +430,115 @@ def test_cli_banner_counts_dropped_rows_and_exits_1_when_none_is_left(tiny_model
     )
     assert r.exit_code == 1 and "nothing left to train on" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o2" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# No value silently becomes training text; a file that changes format is blamed at the record that changes it
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "task,suffix,rows,where",
+    [  # ALPACA's outputs "81" and "6" are strings that datasets' mixed-type JSON column reads back as numbers
+        ("sft", ".jsonl", ALPACA + [{"instruction": "x", "input": "", "output": 42}], "record 5: 'output'"),
+        ("sft", ".json", ALPACA + [{"instruction": "x", "input": "", "output": 4.5}], "record 5: 'output'"),
+        ("sft", ".jsonl", PROMPT_COMPLETION[:1] + [{"prompt": "p", "completion": 7}], "record 2: 'completion'"),
+        ("sft", ".parquet", [{"instruction": r["instruction"], "output": 0.0} for r in ALPACA], "record 1: 'output'"),
+        ("dpo", ".jsonl", PREF_STR[:2] + [{"prompt": "p", "chosen": 1, "rejected": "b"}], "record 3: 'chosen'"),
+        ("dpo", ".jsonl", PREF_STR[:2] + [{"prompt": 12, "chosen": "a", "rejected": "b"}], "record 3: 'prompt'"),
+        ("dpo", ".parquet", [{"prompt": "p", "chosen": "a", "rejected": i} for i in range(3)], "record 1: 'rejected'"),
+    ],
+)
+def test_a_number_in_a_text_field_is_an_error_naming_the_file_record_and_column(tmp_path, task, suffix, rows, where):
+    path = tmp_path / f"data{suffix}"
+    {".jsonl": write_jsonl, ".json": write_json, ".parquet": _write_parquet}[suffix](path, rows)
+    prepare = D.prepare_sft if task == "sft" else D.prepare_dpo
+    with pytest.raises(DataError) as err:
+        prepare(str(path), make_tokenizer())
+    assert f"{path}: {where} must be a string, found number" in str(err.value)
+
+
+def test_null_or_nan_text_is_a_degenerate_row_dropped_and_counted(tmp_path, tokenizer):
+    import json
+
+    lines = [json.dumps(r) for r in ALPACA] + [
+        '{"instruction": "x", "input": "", "output": NaN}',  # Python's json reads NaN; it must never train as "nan"
+        '{"instruction": "y", "input": NaN, "output": null}',
+    ]
+    path = tmp_path / "nan.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    prep = D.prepare_sft(str(path), tokenizer)
+    assert prep.n_train == len(ALPACA) and prep.dropped == {"null or NaN text": 2}
+    assert prep.train.to_list()[0]["completion"] == "81"  # a string stays a string (no pandas number)
+    assert "2 null/NaN text" in D.describe(prep)
+    # a JSON list with NaN, and parquet: a NaN in a float column of text is no value either
+    listed = tmp_path / "nan.json"
+    listed.write_text("[" + ",\n".join(lines) + "]")
+    assert D.prepare_sft(str(listed), make_tokenizer()).dropped == {"null or NaN text": 2}
+    rows = [{"prompt": "p1", "completion": "c1"}, {"prompt": "p2", "completion": None}]
+    prep = D.prepare_sft(str(_write_parquet(tmp_path / "pc.parquet", rows)), make_tokenizer())
+    assert (prep.n_train, prep.dropped) == (1, {"null or NaN text": 1})
+    nan_only = [{"instruction": "a", "output": float("nan")}, {"instruction": "b", "output": float("nan")}]
+    with pytest.raises(DataError, match=r"all 2 rows were dropped \(2 null/NaN text\)"):
+        D.prepare_sft(str(_write_parquet(tmp_path / "nan.parquet", nan_only)), make_tokenizer())
+    pairs = PREF_STR + [{"prompt": "p", "chosen": None, "rejected": "b"}]
+    prep = D.prepare_dpo(str(_write_parquet(tmp_path / "p.parquet", pairs)), make_tokenizer())
+    assert (prep.n_train, prep.dropped) == (len(PREF_STR), {"null or NaN text": 1})
+    pairs.append({"prompt": "p", "chosen": "a", "rejected": float("nan")})
+    prep = D.prepare_dpo(str(write_jsonl(tmp_path / "p.jsonl", pairs)), make_tokenizer())
+    assert (prep.n_train, prep.dropped) == (len(PREF_STR), {"null or NaN text": 2})
+    assert "nan" not in json.dumps(prep.train.to_list()).lower()
+
+
+def test_a_binary_text_column_is_named_with_its_type_and_the_fix(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = pa.table({"text": pa.array([b"one document", b"another one"], type=pa.binary())})
+    pq.write_table(texts, tmp_path / "bin.parquet")
+    with pytest.raises(DataError, match=r"column 'text' is stored as binary \(Arrow type binary\).*cast it to string"):
+        D.prepare_text(str(tmp_path / "bin.parquet"), tokenizer, max_length=8)
+    pq.write_table(pa.table({"text": [1.5, 2.5]}), tmp_path / "float.parquet")
+    with pytest.raises(DataError, match=r"column 'text' holds double values, not text"):
+        D.prepare_text(str(tmp_path / "float.parquet"), tokenizer, max_length=8)
+    alpaca = pa.table({"instruction": ["a", "b"], "output": pa.array([b"x", b"y"], type=pa.binary())})
+    pq.write_table(alpaca, tmp_path / "alpaca.parquet")
+    with pytest.raises(DataError, match=r"record 1: 'output' must be a string, found bytes .*cast it to string"):
+        D.prepare_sft(str(tmp_path / "alpaca.parquet"), make_tokenizer())
+
+
+@pytest.mark.parametrize(
+    "task,later,holds",
+    [
+        (
+            "sft",
+            lambda i: {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+            "messages",
+        ),
+        ("sft", lambda i: {"prompt": f"q{i}", "chosen": "a", "rejected": "b"}, "chosen"),
+        ("sft", lambda i: {"question": f"q{i}", "answer": "a"}, "question"),
+        ("dpo", lambda i: {"instruction": f"q{i}", "output": "a"}, "instruction"),
+    ],
+)
+def test_a_file_that_changes_format_names_the_first_record_that_does_not_fit(tmp_path, task, later, holds):
+    first = (
+        (lambda i: {"instruction": f"Say {i}.", "input": "", "output": f"{i}"})
+        if task == "sft"
+        else (lambda i: {"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"no {i}"})
+    )
+    path = write_jsonl(tmp_path / "mixed.jsonl", [first(i) if i < 144 else later(i) for i in range(200)])
+    prepare = D.prepare_sft if task == "sft" else D.prepare_dpo
+    with pytest.raises(DataError) as err:
+        prepare(str(path), make_tokenizer())
+    msg = str(err.value)
+    fmt = "alpaca" if task == "sft" else "preference"
+    assert msg.startswith(f"{path}: record 145: does not fit the dataset's format {fmt}"), msg
+    assert repr(holds) in msg and "record 1:" not in msg

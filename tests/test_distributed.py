@@ -223,6 +223,54 @@ def ddp_sft(tmp_path_factory, tiny_model_dir, data):
     return _ddp_run(tmp_path_factory, "sft", tiny_model_dir, data / "alpaca.json", SFT)
 
 
+# ------------------------------------------------------------------------------------------------------ banner
+def test_the_step_count_divides_the_rows_among_the_ranks():
+    from types import SimpleNamespace
+
+    from posttrainllm.training import steps_row, total_steps
+
+    cfg = SimpleNamespace(max_steps=-1, epochs=1.0, batch_size=4, grad_accum=1)
+    assert (total_steps(cfg, 32, 1), total_steps(cfg, 32, 2)) == (8, 4)
+    cfg.grad_accum = 3  # 5 batches per rank: 2 steps per epoch, the last one short (transformers rounds up)
+    assert total_steps(cfg, 40, 2) == 2 and total_steps(SimpleNamespace(**{**vars(cfg), "epochs": 1.5}), 40, 2) == 3
+    cfg.grad_accum = 2
+    assert steps_row(cfg, 32, "max length 64", world_size=2) == (
+        "2 (batch 4 per rank × 2 ranks × accum 2 = 16 rows per step, max length 64)"
+    )
+    assert steps_row(cfg, 32, "max length 64", world_size=1) == "4 (batch 4 × accum 2 = 8 rows per step, max length 64)"
+    cfg.max_steps = 7
+    assert total_steps(cfg, 32, 2) == 7
+
+
+@pytest.mark.smoke
+def test_the_banner_of_a_two_rank_epoch_run_shows_the_steps_it_trains(tmp_path, tiny_model_dir, data):
+    out = tmp_path / "out"
+    r = run(
+        torchrun_ddp(
+            "sft",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(data / "alpaca.json"),
+            "--output-dir",
+            str(out),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "128",
+            "--save-steps",
+            "100",
+        ),
+        COLUMNS="200",  # the banner row on one line
+    )
+    check(r, "DDP sft for one epoch")
+    # 32 rows, batch 4 on each of 2 ranks: 4 steps (8 on one rank)
+    assert "4 (batch 4 per rank × 2 ranks × accum 1 = 8 rows per step, max length 128)" in r.stdout, r.stdout[-3000:]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
 # ------------------------------------------------------------------------------------------------------ FSDP2
 @pytest.mark.smoke
 def test_fsdp2_sft_shards_the_planned_groups_and_saves_the_model_a_ddp_run_saves(fsdp_sft, ddp_sft):

@@ -593,6 +593,31 @@ def test_a_yaml_alias_bomb_recipe_is_refused_quickly_in_bounded_memory(tmp_path)
     assert time.time() - t0 < 30
 
 
+@pytest.mark.parametrize(
+    "text,key,lines",
+    [
+        ("lr: 1e-4\nllrd: 0.9\nmax_steps: 2\nllrd: 0.5\n", "'llrd'", "line 2 and line 4"),
+        ("trainer_args:\n  adam_beta2: 0.9\n  adam_beta2: 0.5\n", "'adam_beta2'", "line 2 and line 3"),
+        ("max-length: 8\nmax_length: 16\n", "'max-length' and 'max_length' are the same option", ""),
+    ],
+)
+def test_a_recipe_key_given_twice_is_exit_2_naming_the_key_and_both_lines(tmp_path, text, key, lines):
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text(text)
+    r = runner.invoke(app, ["sft", "--recipe", str(recipe), "--model", "m/x", "--dataset", "d/x"])
+    assert r.exit_code == 2, r.output
+    assert key in r.output and lines in r.output and "twice.yaml" in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_recipe_may_override_a_key_merged_in_with_yaml_merge_keys(tmp_path):
+    from posttrainllm.config.recipe import load_recipe
+
+    recipe = tmp_path / "merge.yaml"
+    recipe.write_text("trainer_args:\n  <<: {adam_beta2: 0.9, weight_decay: 0.1}\n  adam_beta2: 0.5\n")
+    assert load_recipe(str(recipe)) == {"trainer_args": {"adam_beta2": 0.5, "weight_decay": 0.1}}
+
+
 def test_recipe_errors_quote_only_a_short_prefix_of_a_huge_value(tmp_path):
     recipe = tmp_path / "long.yaml"
     recipe.write_text(f"lr: {'9' * 500_000}x\nllrd: [{', '.join(['0.9'] * 5_000)}]\n")

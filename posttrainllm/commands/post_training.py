@@ -132,7 +132,7 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
     """The banner's rows: what trains on what."""
     from posttrainllm import models
     from posttrainllm.data import describe
-    from posttrainllm.training import total_steps
+    from posttrainllm.training import steps_row
 
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -141,8 +141,7 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         f"{banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
         "data": describe(prepared),
         "loss on": prepared.loss.description if prepared.loss is not None else None,
-        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum "
-        f"{cfg.grad_accum}, max length {cfg.max_length})",
+        "steps": steps_row(cfg, prepared.n_train, f"max length {cfg.max_length}"),
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
         f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
         "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}"

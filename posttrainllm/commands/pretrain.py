@@ -19,7 +19,7 @@ def setup(ctx: Context) -> Setup:
 
     from posttrainllm import data, models
     from posttrainllm.data.pipeline import data_options
-    from posttrainllm.training import total_steps
+    from posttrainllm.training import steps_row
 
     cfg, precision, resume_from = ctx.cfg, ctx.precision, ctx.resume_from
     models.check_model_config(cfg.model_config)
@@ -39,8 +39,7 @@ def setup(ctx: Context) -> Setup:
         f"{banner.fmt_count(sum(p.numel() for p in model.parameters()))} params)",
         "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens, trained on the corpus",
         "data": data.describe(prepared),
-        "steps": f"{total_steps(cfg, prepared.n_train)} (batch {cfg.batch_size} × accum "
-        f"{cfg.grad_accum}, block length {cfg.max_length})",
+        "steps": steps_row(cfg, prepared.n_train, f"block length {cfg.max_length}"),
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
         f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
         "precision": f"{precision} on {device_name()} ({models.precision_reason(cfg.precision, precision)})",

@@ -54,6 +54,34 @@ def _expanded_nodes(root, cap: int = RECIPE_MAX_NODES) -> int:
     return size[id(root)]
 
 
+def _unique_key_loader(shown: str):
+    """A SafeLoader class whose mappings refuse a key given twice (PyYAML keeps the last one silently), naming the
+    key, both lines and the recipe, in every mapping (nested ones such as trainer_args too)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue  # keys merged in with << may be overridden: that is what merging is for
+                    key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: SafeLoader's own error says so
+                        break
+                    if first is not None:
+                        raise UsageError(
+                            f"recipe {shown}: key {quote(key)} is given twice (line {first} and line {line}); "
+                            "keep one of them"
+                        )
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def load_recipe(path: str) -> dict[str, Any]:
     """Read a YAML recipe into a flat dict; problems are UsageErrors (exit 2).
 
@@ -84,7 +112,7 @@ def load_recipe(path: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"recipe {shown} is not UTF-8 text (byte {e.start})") from None
-    loader = yaml.SafeLoader(text)
+    loader = _unique_key_loader(shown)(text)
     try:
         node = loader.get_single_node()
         if node is not None and _expanded_nodes(node) > RECIPE_MAX_NODES:
@@ -109,11 +137,17 @@ def load_recipe(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise UsageError(f"recipe {shown} must be a mapping of option names to values (got {type(data).__name__})")
-    out = {}
+    out: dict[str, Any] = {}
+    spelled: dict[str, Any] = {}
     for k, v in data.items():
         if not isinstance(k, (str, int, float, bool)):
             raise UsageError(f"recipe {shown}: keys must be option names, got {quote(k)}")
-        out[str(k).replace("-", "_")] = v
+        name = str(k).replace("-", "_")
+        if name in out:
+            raise UsageError(
+                f"recipe {shown}: {quote(spelled[name])} and {quote(k)} are the same option; keep one of them"
+            )
+        out[name], spelled[name] = v, k
     return out
 
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+from ..errors import DataError
 from . import formats as F
 from .fast_convert import fast_batch
-from .reading import release
+from .reading import local_json_records, release
 
 DROP = "_drop"
 FAST_BATCH = 10_000  # rows per vectorized pass when nothing is rewritten
@@ -101,10 +102,9 @@ class Converter:
         reasons: list[str | None] = []
         for record, index in zip(records, indices):
             where = F.where(self.source, index)
-            reason = None
-            if F.is_empty_record(record):
-                reason = F.EMPTY_RECORD
-            else:
+            # a record of only nulls and blanks, a null/NaN text (or a DataError: a record of another format)
+            reason = F.EMPTY_RECORD if F.is_empty_record(record) else F.null_reason(record, self.fmt, where)
+            if reason is None:
                 row = F.convert_record(record, self.fmt, self.conversational, where)
                 reason = F.drop_reason(row, self.fmt)
                 if reason is None and self.budget is not None and self.budget.leaves_no_completion(row, where):
@@ -116,6 +116,29 @@ class Converter:
             reasons.append(reason)
         out[DROP] = reasons
         return out
+
+    def first_error(self, records) -> DataError | None:
+        """The reference path's error for the first of `records` (dicts) that fails, None when none does."""
+        for index, record in enumerate(records):
+            try:
+                self.rows([record], [index])
+            except DataError as e:
+                return e
+        return None
+
+
+def _exact_error(conv: Converter, error: F.NotTextError) -> DataError:
+    """The types datasets gives may not be the file's: a JSON column of mixed types is kept as JSON text and the
+    string "81" comes back as the number 81 (pandas, its fallback reader, does the same). So when a text column
+    holds a value that is not text, a local JSON file is read again with Python's json (exact types) and the record
+    that really holds one is named."""
+    records = local_json_records(conv.source)
+    if records is None:
+        return error
+    try:
+        return conv.first_error(records) or error
+    except DataError:  # the file cannot be read this way (e.g. a single JSON object): datasets' reading stands
+        return error
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -193,16 +216,19 @@ def convert_dataset(ds, fmt: str, source: str, *, conversational: bool, budget=N
     else:
         features = target_features(fmt, conversational)
         src = ds if has_json_feature(ds.features) else ds.with_format("arrow")
-        out = src.map(
-            conv,
-            batched=True,
-            with_indices=True,
-            batch_size=MAP_BATCH,
-            remove_columns=ds.column_names,
-            num_proc=num_proc if (num_proc or 1) > 1 else None,
-            features=features,
-            desc="Converting",
-        ).with_format(None)
+        try:
+            out = src.map(
+                conv,
+                batched=True,
+                with_indices=True,
+                batch_size=MAP_BATCH,
+                remove_columns=ds.column_names,
+                num_proc=num_proc if (num_proc or 1) > 1 else None,
+                features=features,
+                desc="Converting",
+            ).with_format(None)
+        except F.NotTextError as e:
+            raise _exact_error(conv, e) from None
         reasons = out.data.column(DROP)
         out = out.remove_columns(DROP)
     dropped = {}

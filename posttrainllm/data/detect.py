@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from ..errors import DataError, UsageError
-from .formats import _TASK_COMMANDS, DPO_FORMATS, FORMAT_HELP, TASK_FORMATS, is_msgs, maybe_json
+from .formats import (
+    _TASK_COMMANDS,
+    DPO_FORMATS,
+    FORMAT_HELP,
+    TASK_FORMATS,
+    is_empty_record,
+    is_msgs,
+    is_null,
+    maybe_json,
+)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Detection
@@ -65,15 +74,32 @@ def detect_format(records, task: str, source: str = "") -> str:
     return format_from_columns(cols, task, name)
 
 
-def format_from_columns(cols: list[str], task: str, name: str) -> str:
-    colset = set(cols)
+def _guess(colset: set[str], task: str) -> str | None:
     if task == "dpo":
-        fmt = _guess_pairs(colset) or _guess_sft(colset)
-    elif task == "text":
-        fmt = "text" if "text" in colset else (_guess_sft(colset) or _guess_pairs(colset))
-    else:  # sft: preference data (chosen/rejected without a messages column) is reported as such
-        fmt = _guess_pairs(colset) if "messages" not in colset else None
-        fmt = fmt or _guess_sft(colset)
+        return _guess_pairs(colset) or _guess_sft(colset)
+    if task == "text":
+        return "text" if "text" in colset else (_guess_sft(colset) or _guess_pairs(colset))
+    # sft: preference data (chosen/rejected without a messages column) is reported as such
+    fmt = _guess_pairs(colset) if "messages" not in colset else None
+    return fmt or _guess_sft(colset)
+
+
+def format_of_records(cols: list[str], rows: list[dict], task: str, name: str) -> str:
+    """The format of a dataset with columns `cols` whose first records are `rows`: the format of its first record
+    with a value when that one suits `task`, else the one its columns say (``format_from_columns``).
+
+    A file that changes format part way (alpaca records, then messages ones) is taken as what it starts with, so
+    that the conversion names the first record that does not fit rather than blaming record 1."""
+    first = next((r for r in rows if not is_empty_record(r)), None)
+    if first is not None:
+        fmt = _guess({k for k, v in first.items() if not is_null(v)}, task)
+        if fmt in TASK_FORMATS[task]:
+            return fmt
+    return format_from_columns(cols, task, name)
+
+
+def format_from_columns(cols: list[str], task: str, name: str) -> str:
+    fmt = _guess(set(cols), task)
     if fmt in TASK_FORMATS[task]:
         return fmt
     if fmt is None:

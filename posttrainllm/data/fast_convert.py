@@ -131,6 +131,8 @@ def _empty_records(table):
         blank = pc.is_null(col)
         if col.type == pa.string():
             blank = pc.or_(blank, pc.fill_null(_blank(col), True))
+        elif pa.types.is_floating(col.type):  # NaN is no value (formats.is_null)
+            blank = pc.or_(blank, pc.fill_null(pc.is_nan(col), True))
         empty &= blank.to_numpy(zero_copy_only=False)
         if not empty.any():
             break

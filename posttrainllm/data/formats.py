@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, shorten
 from .reading import json_type
 
 SFT_FORMATS = ("alpaca", "messages", "sharegpt", "prompt_completion", "text")
@@ -99,6 +99,7 @@ EMPTY_TEXT = "empty text"
 SAME_PAIR = "chosen equals rejected"
 EMPTY_PAIR = "empty chosen or rejected"
 TOO_LONG_PROMPT = "prompt fills --max-length"
+NULL_TEXT = "null or NaN text"
 REASON_TEXT = {
     EMPTY_RECORD: "empty",
     EMPTY_COMPLETION: "empty completion",
@@ -107,6 +108,25 @@ REASON_TEXT = {
     SAME_PAIR: "chosen = rejected",
     EMPTY_PAIR: "empty chosen/rejected",
     TOO_LONG_PROMPT: "prompt ≥ --max-length, no completion token left",
+    NULL_TEXT: "null/NaN text",
+}
+# The columns that say a record has a format's shape, and the text columns a record of it cannot do without (a null
+# or NaN there makes the record degenerate: dropped and counted, never the text "nan").
+SHAPE_COLUMNS = {
+    "alpaca": ("instruction", "output"),
+    "messages": ("messages",),
+    "sharegpt": ("conversations",),
+    "prompt_completion": ("prompt", "completion"),
+    "text": ("text",),
+    "preference": ("prompt", "chosen", "rejected"),
+    "sharegpt_preference": ("conversations", "chosen", "rejected"),
+}
+REQUIRED_TEXT = {
+    "alpaca": ("instruction", "output"),
+    "prompt_completion": ("completion",),
+    "text": ("text",),
+    "preference": ("chosen", "rejected"),
+    "sharegpt_preference": ("chosen", "rejected"),
 }
 
 
@@ -119,6 +139,33 @@ def where(source: str, index: int) -> str:
     return f"{source or 'dataset'}: record {index + 1}"
 
 
+def is_null(value: Any) -> bool:
+    """None, or a float NaN (JSON's NaN, a NaN in a parquet float column): no value at all, never the text "nan"."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
+class NotTextError(DataError):
+    """A text column holding a value that is not a string (a number, a boolean, an object, bytes); `column` names it,
+    the message names the record."""
+
+    def __init__(self, message: str, column: str):
+        super().__init__(message)
+        self.column = column
+
+    def __reduce__(self):  # raised in a Dataset.map worker process: pickled with its column
+        return type(self), (str(self), self.column)
+
+
+def _not_text(where: str, key: str, value: Any) -> NotTextError:
+    how = (
+        "a binary column: cast it to string (e.g. pyarrow: table.cast(...) with pa.string()) and save the file again"
+        if isinstance(value, (bytes, bytearray))
+        else "quote it in the file if it is meant as text"
+    )
+    found = f"{json_type(value)} {shorten(repr(value), 40)}"
+    return NotTextError(f"{where}: '{key}' must be a string, found {found} ({how})", key)
+
+
 def maybe_json(value: Any) -> Any:
     if isinstance(value, str) and value.lstrip().startswith(("[", "{")):
         try:
@@ -129,7 +176,7 @@ def maybe_json(value: Any) -> Any:
 
 
 def _content(value: Any, where: str) -> str:
-    if value is None:
+    if is_null(value):
         return ""
     if isinstance(value, str):
         return value
@@ -168,14 +215,12 @@ def _messages(value: Any, where: str, column: str) -> list[dict]:
 
 def _string(record: dict, key: str, where: str, required: bool = True) -> str:
     value = record.get(key)
-    if value is None:
+    if is_null(value):
         if required:
             raise DataError(f"{where}: '{key}' is missing or null")
         return ""
     if not isinstance(value, str):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise DataError(f"{where}: '{key}' must be a string, found {json_type(value)}")
+        raise _not_text(where, key, value)
     return value
 
 
@@ -189,8 +234,11 @@ def _alpaca(record: dict, where: str) -> dict:
     # LLaMA-Factory's optional alpaca columns: a system line and earlier [instruction, output] turns.
     history = maybe_json(record.get("history"))
     if history:
-        if not isinstance(history, list) or not all(isinstance(t, (list, tuple)) and len(t) == 2 for t in history):
-            raise DataError(f"{where}: 'history' must be a list of [instruction, output] pairs")
+        pair = (list, tuple)
+        if not isinstance(history, list) or not all(
+            isinstance(t, pair) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in history
+        ):
+            raise DataError(f"{where}: 'history' must be a list of [instruction, output] pairs of strings")
         turns = "".join(f"### Instruction:\n{q}\n\n### Response:\n{a}\n\n" for q, a in history)
         head, sep, tail = prompt.partition("### Instruction:\n")
         prompt = head + turns + sep + tail
@@ -254,7 +302,7 @@ def _preference(record: dict, where: str) -> dict:
     if not conversational:
         c = _string(record, "chosen", where)
         r = _string(record, "rejected", where)
-        if prompt is not None:
+        if not is_null(prompt):
             return {"prompt": _string(record, "prompt", where), "chosen": c, "rejected": r}
         # Implicit prompt: the shared beginning of chosen and rejected, cut at a whitespace boundary.
         n = _common_prefix_len(list(c), list(r))
@@ -355,7 +403,22 @@ def convert_records(records: list[dict], fmt: str, source: str = "") -> list[dic
 
 def is_empty_record(record: dict) -> bool:
     """Every value missing, null or a blank string (a blank CSV row, a `{}` line)."""
-    return all(v is None or (isinstance(v, str) and not v.strip()) for v in record.values())
+    return all(is_null(v) or (isinstance(v, str) and not v.strip()) for v in record.values())
+
+
+def null_reason(record: dict, fmt: str, where: str) -> str | None:
+    """NULL_TEXT when a text column the format needs is null or NaN (a degenerate row), else None.
+
+    A record with none of the format's columns (e.g. a preference pair in alpaca data) does not fit the dataset's
+    format: a DataError naming it, not a dropped row."""
+    if all(is_null(record.get(k)) for k in SHAPE_COLUMNS[fmt]):
+        found = [k for k, v in record.items() if not is_null(v)]
+        raise DataError(
+            f"{where}: does not fit the dataset's format {fmt} ({', '.join(SHAPE_COLUMNS[fmt])}), which the records "
+            f"before it have: it holds {found}; use one format for the whole file (or split it into one file per "
+            "format)"
+        )
+    return NULL_TEXT if any(is_null(record.get(k)) for k in REQUIRED_TEXT.get(fmt, ())) else None
 
 
 def _has_text(value) -> bool:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError, UsageError
 from . import convert, reading, text
 from .chat import CompletionBudget, ensure_chat_template
-from .detect import detect_format, format_from_columns, is_conversational
+from .detect import detect_format, format_of_records, is_conversational
 from .formats import CONVERSION, REASON_TEXT, TARGET_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,7 +117,7 @@ def _convert_source(task, source, tokenizer, *, max_samples, max_length, num_pro
     ds = reading.load(source, streaming=streaming)
     rows = reading.head(ds)
     cols = reading.columns(ds, rows)
-    fmt = format_from_columns(cols, task, source)
+    fmt = format_of_records(cols, rows, task, source)
     if max_samples is not None:
         ds = ds.take(max_samples) if streaming else ds.select(range(min(max_samples, ds.num_rows)))
     conversational = is_conversational(fmt, rows, getattr(ds, "features", None))

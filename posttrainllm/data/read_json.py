@@ -20,6 +20,7 @@ from .textio import (
     _stamp,
     iter_text,
     json_type,
+    nonfinite_as_null,
 )
 
 # --- .json ------------------------------------------------------------------------------------------------------
@@ -99,7 +100,7 @@ class _Buffer:
 def json_list_records(path: str, source: str, stamp: str = "", chunk_bytes: int = _CHUNK) -> Iterator[dict]:
     """The records of a JSON file holding one list of objects, decoded one record at a time (memory: one record
     plus a read buffer), with errors naming the line and column."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_constant=nonfinite_as_null)
     b = _Buffer(path, source, chunk_bytes)
     if b.skip_ws() != "[":
         b.fail("Expecting '['", b.pos)
@@ -182,7 +183,7 @@ def _json_object_records(path: Path, source: str) -> list[dict] | None:
         )
     text = "".join(iter_text(path, source))
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=nonfinite_as_null)
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":
             first = text.lstrip().split("\n", 1)[0]

@@ -17,8 +17,10 @@ from .textio import (
     _nul_error,
     _stamp,
     _unwrap,
+    has_nonfinite_literal,
     iter_text,
     json_type,
+    nonfinite_as_null,
 )
 
 # --- .txt -------------------------------------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def jsonl_records(path: str, source: str, stamp: str = "") -> Iterator[dict]:
                     offset += size
                     continue
                 try:
-                    obj = json.loads(raw)  # bytes: decoded inside, no copy of the line kept
+                    obj = json.loads(raw, parse_constant=nonfinite_as_null)  # bytes: decoded inside, no copy kept
                 except UnicodeDecodeError as e:
                     raise _decode_error(source, e, offset) from None
                 except json.JSONDecodeError:
@@ -135,9 +137,10 @@ def _load_jsonl(path: Path, source: str, streaming: bool):
     kwargs = {"path": str(path), "source": source, "stamp": _stamp(path)}
     if streaming:
         return _from_generator(jsonl_records, kwargs, None, True)
-    if has_long_line(path):
-        # pyarrow's JSON reader needs ~10x a record's size for a record of many MB; read such files line by line
-        # (~3x), falling back to the JSON reader when the records' types differ from row to row.
+    if has_long_line(path) or has_nonfinite_literal(path):
+        # pyarrow's JSON reader needs ~10x a record's size for a record of many MB, and refuses NaN (datasets then
+        # reads with pandas, which makes numbers of strings like "007"): read such files line by line (~3x),
+        # falling back to the JSON reader when the records' types differ from row to row.
         try:
             return _from_generator(jsonl_records, kwargs, None, False)
         except DataError:

@@ -60,6 +60,7 @@ __all__ = [
     "json_type",
     "jsonl_records",
     "load",
+    "local_json_records",
     "progress_bars",
     "quiet_datasets",
     "read_records",
@@ -155,6 +156,20 @@ def read_records(source: str, split: str = "train") -> list[dict]:
     if all(c in ds.column_names for c in PIECE_COLUMNS):
         return [{"text": "".join(ds["text"])}]
     return ds.to_list()
+
+
+def local_json_records(source: str):
+    """The records of a local .jsonl file or .json list as Python's json reads them (exact types, one at a time),
+    or None for any other source."""
+    path = Path(str(source)).expanduser()
+    if not path.is_file():
+        return None
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return jsonl_records(str(path), str(source))
+    if suffix == ".json" and _first_char(path, str(source)) == "[":
+        return json_list_records(str(path), str(source))
+    return None
 
 
 def head(ds, n: int = HEAD_ROWS) -> list[dict]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import DataError
 from . import reading
-from .formats import where
+from .formats import is_null, where
 from .reading import PIECE_COLUMNS, json_type, safe_cut
 
 PIECE_CHARS = 1 << 16  # longest text handed to the tokenizer at once
@@ -120,7 +120,7 @@ class Tokenize:
             texts, starts, ends = batch["text"], batch.get(PIECE_COLUMNS[0]), batch.get(PIECE_COLUMNS[1])
         docs: list[tuple[int, bool, bool]] = []  # (row, starts a document, ends it)
         for j, text in enumerate(texts):
-            if text is None:
+            if is_null(text):
                 continue
             if not isinstance(text, str):
                 raise DataError(f"{where(self.source, indices[j])}: 'text' must be a string, found {json_type(text)}")
@@ -165,7 +165,7 @@ class SplitDocuments:
     def __call__(self, batch, indices):
         out: dict[str, list] = {"text": [], PIECE_COLUMNS[0]: [], PIECE_COLUMNS[1]: []}
         for j, text in enumerate(batch["text"]):
-            if text is None:
+            if is_null(text):
                 continue
             if not isinstance(text, str):
                 raise DataError(f"{where(self.source, indices[j])}: 'text' must be a string, found {json_type(text)}")
@@ -228,6 +228,29 @@ def _text_columns(ds) -> list[str]:
     return ["text"] + [c for c in PIECE_COLUMNS if c in (ds.column_names or [])]
 
 
+def check_text_column(ds, source: str, column: str = "text") -> None:
+    """A DataError naming the column and its Arrow type when a column that must hold text holds something else
+    (a parquet binary or float column), before any Arrow string function meets it."""
+    import pyarrow as pa
+
+    table = getattr(getattr(ds, "data", None), "table", None)
+    if table is None or column not in table.column_names:
+        return  # a stream: each row is checked as it comes
+    kind = table.schema.field(column).type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind):
+        return
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        raise DataError(
+            f"{source}: column '{column}' is stored as binary (Arrow type {kind}), not as text; cast it to string "
+            f"(pyarrow: table.cast(...) with '{column}' as pa.string(); pandas: df['{column}'].str.decode('utf-8')) "
+            "and save the file again"
+        )
+    raise DataError(
+        f"{source}: column '{column}' holds {kind} values, not text; store the training text as strings "
+        f"(a string column '{column}')"
+    )
+
+
 def tokenize(ds, tokenizer, source: str, num_proc: int | None = None):
     """``input_ids`` per document (a ``Dataset``, cached by datasets; or a lazy stream)."""
     import datasets
@@ -247,6 +270,7 @@ def tokenize(ds, tokenizer, source: str, num_proc: int | None = None):
             remove_columns=cols,
             features=token_features(),
         )
+    check_text_column(ds, source)
     src = ds.select_columns(cols)
     json_text = has_json_feature(datasets.Features({"text": ds.features["text"]}))
     if not pieces and (json_text or _longest_text(src) > reading.TXT_PIECE_BYTES):

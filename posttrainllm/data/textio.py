@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,29 @@ _RECORD_KEYS = {
 }
 _BOM = codecs.BOM_UTF8
 _CHUNK = 1 << 20
+
+
+def nonfinite_as_null(constant: str) -> None:
+    """``parse_constant`` for json: Python's json reads NaN, Infinity and -Infinity (not JSON); they are no value, so
+    they read as null (a degenerate row where text is needed), never as a float that could become the text "nan"."""
+    return None
+
+
+_NONFINITE = re.compile(rb"[:,\[]\s*-?(?:NaN|Infinity)\s*[,}\]]")
+
+
+def has_nonfinite_literal(path: Path) -> bool:
+    """Whether a JSON Lines file holds a NaN/Infinity literal (outside strings, about). pyarrow refuses those and
+    datasets then reads the file with pandas, which also turns strings such as "007" into numbers; the project
+    reads such a file line by line instead. A memchr-speed search first, the pattern only where the word occurs."""
+    import mmap
+
+    if path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm.find(b"NaN") == -1 and mm.find(b"Infinity") == -1:
+            return False
+        return _NONFINITE.search(mm) is not None
 
 
 def json_type(obj: Any) -> str:

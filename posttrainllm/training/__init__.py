@@ -10,7 +10,7 @@ from posttrainllm.training.args import (
     make_config,
     trainer_config,
 )
-from posttrainllm.training.builder import build_trainer, total_steps
+from posttrainllm.training.builder import build_trainer, steps_row, total_steps
 from posttrainllm.training.mixins import DivergenceGuardMixin, EngineMixin, LLRDMixin, check_distributed_engine
 from posttrainllm.training.progress import interactive, log_line, quiet_progress_bars
 
@@ -28,6 +28,7 @@ __all__ = [
     "log_line",
     "make_config",
     "quiet_progress_bars",
+    "steps_row",
     "total_steps",
     "trainer_config",
 ]

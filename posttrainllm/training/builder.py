@@ -50,6 +50,26 @@ def build_trainer(
 
 
 def total_steps(cfg, n_train: int | None, world_size: int = 1) -> int:
+    """The optimizer steps of a run, as transformers' Trainer counts them: --max-steps when set, else
+    ceil(epochs × ceil(batches per rank / accum)) with batches per rank = ceil(rows / (batch × ranks)).
+
+    E.g. 32 rows, batch 4, accum 1, 1 epoch: 8 steps on one rank, 4 under ``torchrun --nproc_per_node 2``."""
     if cfg.max_steps > 0:
         return cfg.max_steps
-    return max(1, math.ceil(math.ceil(n_train / (cfg.batch_size * world_size)) / cfg.grad_accum * cfg.epochs))
+    batches = math.ceil(n_train / (cfg.batch_size * world_size))
+    return max(1, math.ceil(cfg.epochs * math.ceil(batches / cfg.grad_accum)))
+
+
+def steps_row(cfg, n_train: int | None, length: str, world_size: int | None = None) -> str:
+    """The banner's steps row: the true step count and the batch each step takes, across the ranks.
+
+    E.g. ``4 (batch 4 per rank × 2 ranks × accum 2 = 16 rows per step, max length 64)``; on one rank
+    ``8 (batch 4 × accum 2 = 8 rows per step, max length 64)``."""
+    if world_size is None:
+        from posttrainllm.rundir.layout import world_size as launched
+
+        world_size = launched()
+    steps = total_steps(cfg, n_train, world_size)
+    per_step = cfg.batch_size * world_size * cfg.grad_accum
+    ranks = f" per rank × {world_size} ranks" if world_size > 1 else ""
+    return f"{steps} (batch {cfg.batch_size}{ranks} × accum {cfg.grad_accum} = {per_step} rows per step, {length})"
