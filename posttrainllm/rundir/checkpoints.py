@@ -28,6 +28,7 @@ from posttrainllm.rundir.layout import (
     RUN_CONFIG,
     checkpoint_dirs,
     is_rank0,
+    linked_checkpoints,
     own,
     verify_checkpoint,
     write_json,
@@ -61,15 +62,24 @@ RESUME_KEYS = (
 
 
 def resume_checkpoint(out) -> tuple[Path, list[tuple[Path, str]]]:
-    """(newest complete checkpoint, [(newer checkpoint skipped, why)]); UsageError when none is complete."""
-    skipped = []
+    """(newest complete checkpoint, [(checkpoint skipped, why)]): newer incomplete ones, and every symbolically
+    linked one (never resumed from); UsageError when none is complete."""
+    skipped = [(d, f"a symbolic link to {_link_target(d)}; only checkpoints written here are resumed from")
+               for d in linked_checkpoints(out)]  # fmt: skip
     for d in reversed(checkpoint_dirs(out)):
         problem = verify_checkpoint(d)
         if problem is None:
             return d, skipped
         skipped.append((d, problem))
-    extra = f" ({len(skipped)} incomplete checkpoint(s) skipped: {describe_skipped(skipped)})" if skipped else ""
+    extra = f" ({len(skipped)} checkpoint(s) skipped: {describe_skipped(skipped)})" if skipped else ""
     raise UsageError(f"--resume: no complete checkpoint in {out}{extra}")
+
+
+def _link_target(d: Path) -> str:
+    try:
+        return str(os.readlink(d))
+    except OSError:
+        return "?"
 
 
 def describe_skipped(skipped: list[tuple[Path, str]]) -> str:
