@@ -9,10 +9,11 @@ data), or as plain text. `--prompts FILE` reads one prompt per line, or JSON Lin
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.errors import DataError
+from posttrainllm.errors import DataError, UsageError
 
 PROMPT_FORMATS = ("auto", "chat", "alpaca", "plain")
 
@@ -89,13 +90,40 @@ def _as_text(prompt: Any) -> str:
     return "\n".join(str(m.get("content", "")) for m in prompt)
 
 
-def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float) -> str:
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def new_token_budget(model, prompt_tokens: int, asked: int) -> tuple[int, str | None]:
+    """--max-new-tokens within the model's context (its config's max_position_embeddings or equivalent): the
+    positions left after the prompt, with a note when that is less than asked; a UsageError when the prompt alone
+    fills the context. Unchanged when the config names no context length."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = next((v for k in _CONTEXT_KEYS if isinstance(v := getattr(config, k, None), int) and v > 0), None)
+    if limit is None or prompt_tokens + asked <= limit:
+        return asked, None
+    room = limit - prompt_tokens
+    if room <= 0:
+        raise UsageError(
+            f"the prompt is {prompt_tokens} tokens and the model's context is {limit} positions: no room to "
+            "generate; shorten the prompt (or --system)"
+        )
+    return room, (
+        f"--max-new-tokens {asked} is more than the model's context allows after a {prompt_tokens}-token prompt "
+        f"({limit} positions): generating at most {room} tokens"
+    )
+
+
+def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float, note=None) -> str:
+    """The completion of `text`; `note(message)` is told when --max-new-tokens is clamped to the context."""
     import torch
 
     device = next(model.parameters()).device
     enc = tokenizer(text, return_tensors="pt", add_special_tokens=not getattr(tokenizer, "chat_template", None)).to(
         device
     )
+    max_new_tokens, clamped = new_token_budget(model, enc["input_ids"].shape[1], max_new_tokens)
+    if clamped and note is not None:
+        note(clamped)
     sampling = temperature > 0
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling, pad_token_id=tokenizer.pad_token_id)
     if sampling:
@@ -127,12 +155,19 @@ def run(cfg, echo=print) -> None:
         model = model.to("cuda")
     model.eval()
     set_seed(cfg.seed)
-    lines = []
+    lines, noted = [], set()
+
+    def note(message: str) -> None:  # once per message, on stderr (stdout holds the completions)
+        if message not in noted:
+            noted.add(message)
+            print(f"note: {message}", file=sys.stderr)
+
     for prompt in prompts:
         text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
         completion = complete(
-            model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
-        )
+            model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+            note=note,
+        )  # fmt: skip
         if cfg.prompt is not None:
             echo(completion)
         else:

@@ -108,7 +108,7 @@ def prepare_output(cfg):
             run_dir.release()
             raise
         if skipped and is_rank0():
-            banner.note(f"skipped incomplete checkpoint(s): {checkpoints.describe_skipped(skipped)}")
+            banner.note(f"skipped checkpoint(s): {checkpoints.describe_skipped(skipped)}")
     return run_dir, resume_from
 
 

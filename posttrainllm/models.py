@@ -248,25 +248,40 @@ def load_model(
     precision: str = "fp32",
     what: str = "--model",
     model_args: dict | None = None,
+    fine_tune: bool = False,
+    allow_new_weights: bool = False,
+    notes: list[str] | None = None,
 ):
     """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors.
-    `model_args` (checked by check_model_args) are passed on to from_pretrained."""
+    `model_args` (checked by check_model_args) are passed on to from_pretrained. The config is checked against
+    the safetensors headers first (posttrainllm/weights.py: an absurd block count is refused, and for a model to
+    `fine_tune` any block count the weights do not hold); for a model to `fine_tune`, missing or unused weights
+    are a ModelError unless `allow_new_weights` (then `notes` name them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from posttrainllm import weights
+
     check_model_ref(ref, what)
+    weights.check_config(ref, allow_new_weights=allow_new_weights or not fine_tune, what=what)
     # fp16: AMP on fp32 weights; bf16: bf16 weights on a GPU, autocast over fp32 weights on a CPU (decision log 36)
     bf16 = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     dtype = {"fp32": torch.float32, "bf16": bf16, "fp16": torch.float32}[precision]
     kwargs = {"dtype": dtype, **(model_args or {})}
     try:
-        model = AutoModelForCausalLM.from_pretrained(ref, trust_remote_code=trust_remote_code, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            ref, trust_remote_code=trust_remote_code, output_loading_info=True, **kwargs
+        )
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise UsageError(f"{ref} contains custom code; re-run with --trust-remote-code if you trust it") from e
         raise ModelError(f"cannot load model {ref}: {one_line(e)}") from e
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"cannot load model {ref}: {one_line(e)}") from e
+    if fine_tune and not (Path(ref).expanduser() / "adapter_config.json").is_file():  # an adapter: the base is absent
+        found = weights.check_loaded(ref, info, allow_new_weights=allow_new_weights, what=what)
+        if notes is not None:
+            notes.extend(found)
     return model
 
 

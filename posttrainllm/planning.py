@@ -8,7 +8,12 @@ import dataclasses
 from posttrainllm.errors import ModelStructureError, UsageError
 
 # the library's argument (LLRDArgumentError.field) -> the option that sets it; any other: "layer-wise LR decay"
-LLRD_FLAGS = {"block_path": "--llrd-blocks", "lr_groups": "--lr-group", "loraplus_ratio": "--loraplus-ratio"}
+LLRD_FLAGS = {
+    "block_path": "--llrd-blocks",
+    "lr_groups": "--lr-group",
+    "loraplus_ratio": "--loraplus-ratio",
+    "freeze_below": "--llrd-freeze-below",
+}
 
 
 def plan_param_groups(cfg, model):
@@ -78,3 +83,24 @@ def clamp_max_length(cfg, limit: int | None):
     asked = cfg.sources.get("max_length") != "default"
     note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
     return dataclasses.replace(cfg, max_length=limit), ([note] if asked else [])
+
+
+def check_something_trains(cfg, names: list[str] | None) -> None:
+    """Before the model loads: when the stored tensor names (posttrainllm/weights.py, local safetensors) are all
+    matched by --lr-group patterns of factor 0, nothing would be left to train: a UsageError. Without names, or
+    with LoRA (whose adapters are not stored), the plan builder says the same once the model is built."""
+    import re
+
+    zero = [p for p, f in cfg.lr_groups.items() if f == 0]
+    if not names or not zero or cfg.lora_r:
+        return
+    try:
+        compiled = [re.compile(p) for p in zero]
+    except re.error:
+        return  # the plan builder names the invalid pattern
+    if all(any(rx.search(n) for rx in compiled) for n in names):
+        shown = ", ".join(f"'{p}=0'" for p in zero)
+        raise UsageError(
+            f"--lr-group {shown}: nothing left to train: the pattern(s) freeze all {len(names)} weights of "
+            f"{cfg.model}; give some parameters a factor above 0 or narrow the pattern(s)"
+        )

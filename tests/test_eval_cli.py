@@ -106,3 +106,50 @@ def test_ood_eval_reports_before_and_after(tiny_model_dir, alpaca_file, text_fil
     assert res["after"] == pytest.approx(after, rel=5e-3)
     assert res["change_pct"] == pytest.approx(100 * (after / before - 1), abs=0.05)
     assert "out-of-domain perplexity" in r.output
+
+
+def test_eval_shows_progress_lines_on_a_non_terminal_stderr_and_json_stays_clean(
+    tiny_model_dir, text_file, monkeypatch
+):
+    from posttrainllm.evaluate import files
+
+    monkeypatch.setattr(files, "PROGRESS_EVERY", 0.0, raising=False)  # a line per batch (a long eval: every 30 s)
+    args = ["--model", str(tiny_model_dir), "--text", str(text_file), "--max-length", "16", "--eval-batch-size", "2"]
+    r = runner.invoke(app, ["eval", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    assert "perplexity" in json.loads(r.stdout)[text_file.name]  # stdout: the JSON only
+    lines = [line for line in r.stderr.splitlines() if line.startswith(f"eval: {text_file.name}: ")]
+    windows = json.loads(r.stdout)[text_file.name]["windows"]
+    assert (
+        len(lines) > 3
+        and lines[0].endswith(f"0/{windows} windows")
+        and lines[-1].endswith(f"{windows}/{windows} windows")
+    )
+
+
+def test_scoring_memory_follows_the_batch_not_the_text():
+    """Scoring 2M token ids (8 MB as int32) keeps no int64 copy of them all (16 MB): numpy's traced peak stays
+    near one batch. A stand-in model returns zero logits over 2 classes (torch's memory is not traced)."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from posttrainllm.evaluate.scoring import _score_ids
+
+    class Zeros(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, **_):
+            return SimpleNamespace(logits=torch.zeros(*input_ids.shape, 2))
+
+    ids = np.zeros(2_000_000, dtype=np.int32)
+    tracemalloc.start()
+    try:
+        _score_ids(Zeros(), ids, 4096, 8, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, peak

@@ -83,3 +83,31 @@ def test_prompts_are_rendered_as_sft_trained_them(tiny_model_dir):
 def test_generate_usage_errors(args, fragment, tiny_model_dir):
     r = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), *args])
     assert r.exit_code == 2 and fragment in r.output
+
+
+def test_max_new_tokens_is_clamped_to_the_context_with_a_note(tiny_model_dir, monkeypatch):
+    """100,000,000 new tokens on a 256-position model: generate gets the positions the prompt leaves, and stderr
+    says so (generate itself is replaced, so the test never runs on unbounded)."""
+    from transformers import GenerationMixin
+
+    asked = {}
+
+    def fake_generate(self, input_ids=None, max_new_tokens=None, **kwargs):
+        asked["prompt"], asked["new"] = input_ids.shape[1], max_new_tokens
+        return input_ids
+
+    monkeypatch.setattr(GenerationMixin, "generate", fake_generate)
+    r = runner.invoke(
+        app,
+        ["generate", "--model", str(tiny_model_dir), "--prompt", "the quick brown", "--max-new-tokens", "100000000"],
+    )
+    assert r.exit_code == 0, r.output
+    assert asked["new"] == 256 - asked["prompt"]
+    assert f"generating at most {asked['new']} tokens" in r.stderr and "note:" not in r.stdout
+
+
+def test_a_prompt_filling_the_context_exits_2(tiny_model_dir):
+    long = "the quick brown fox jumps over the lazy dog. " * 60
+    r = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), "--prompt", long, "--max-new-tokens", "4"])
+    assert r.exit_code == 2, r.output
+    assert "no room to generate" in r.output

@@ -127,6 +127,24 @@ def test_resume_without_complete_checkpoint_is_refused(tmp_path):
     assert r.exit_code == 2 and "no complete checkpoint" in r.output and "checkpoint-8" in r.output
 
 
+def test_a_symlinked_checkpoint_is_reported_as_skipped_with_why(tmp_path):
+    from posttrainllm.rundir import checkpoints, layout
+
+    out, elsewhere = tmp_path / "o", tmp_path / "elsewhere" / "checkpoint-9"
+    good = out / "checkpoint-2"
+    good.mkdir(parents=True)
+    (good / "model.safetensors").write_bytes(b"x" * 10)
+    layout.write_json(good / layout.MARKER, {"files": {"model.safetensors": 10}})
+    shutil.copytree(good, elsewhere)
+    (out / "checkpoint-9").symlink_to(elsewhere, target_is_directory=True)
+    found, skipped = checkpoints.resume_checkpoint(out)
+    assert found == good
+    assert [(d.name, why.split(";")[0]) for d, why in skipped] == [("checkpoint-9", f"a symbolic link to {elsewhere}")]
+    os.remove(good / layout.MARKER)
+    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", str(out), "--resume"])
+    assert r.exit_code == 2 and "checkpoint-9 (a symbolic link" in " ".join(r.output.split())
+
+
 def _snapshot(d: Path):
     return {p.relative_to(d): (p.stat().st_mtime_ns, p.stat().st_size) for p in d.rglob("*")}
 

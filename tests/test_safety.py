@@ -801,3 +801,50 @@ def test_a_users_dot_final_tmp_is_not_taken_for_posttrainllms(tmp_path):
     (out / ".final-tmp").write_text("the user's")
     (out / "run_config.json").write_text("{}")
     assert outdir.foreign(out) == [".final-tmp"]
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("how", ["torch writer", "ENOSPC"])
+def test_a_full_disk_during_a_checkpoint_save_says_so_and_keeps_the_last_good_one(
+    how, tiny_model_dir, corpus, tmp_path, monkeypatch
+):
+    """The save of checkpoint-4 fails as on a full disk (torch's writer: a RuntimeError without errno, the disk
+    then reports no room; or an OSError ENOSPC): exit 1 with one line, checkpoint-2 intact, no half checkpoint-4."""
+    import errno
+    import shutil as shutil_module
+
+    import torch
+
+    from posttrainllm.rundir import layout
+
+    real_save, real_usage, failed = torch.save, shutil_module.disk_usage, []
+
+    def save(obj, f, *a, **k):
+        if "checkpoint-4" in str(f):
+            Path(f).write_bytes(b"partial")
+            failed.append(f)
+            if how == "ENOSPC":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1024 vs 512")
+        return real_save(obj, f, *a, **k)
+
+    def usage(path):
+        u = real_usage(path)
+        return u._replace(free=1000) if failed else u
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(shutil_module, "disk_usage", usage)
+    out = tmp_path / "o"
+    r = runner.invoke(app, finetune_args(tiny_model_dir, corpus, out, "--max-steps", "4", "--save-steps", "2"))
+    assert failed and r.exit_code == 1, r.output
+    text = " ".join(r.output.split())
+    assert "No space left on device while saving checkpoint-4 (needs about" in text
+    assert "the last good checkpoint, checkpoint-2, is kept" in text and "inline_container" not in text
+    assert layout.verify_checkpoint(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists()
+
+
+def test_an_unrelated_save_error_is_not_called_a_full_disk(tmp_path):
+    from posttrainllm.rundir.checkpoints import disk_full_error
+
+    assert disk_full_error(RuntimeError("some other failure"), tmp_path / "checkpoint-3", 1000) is None
+    assert disk_full_error(OSError(13, "Permission denied"), tmp_path / "checkpoint-3", 1000) is None

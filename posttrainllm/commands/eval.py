@@ -56,7 +56,7 @@ def main(cfg) -> None:
         list(cfg.text),
         cfg.max_length,
         sft_examples=sft_examples,
-        progress=not cfg.json,
+        progress=True,  # on stderr: --json keeps stdout for the JSON
         batch_size=cfg.eval_batch_size,
         reference=reference,
     )

@@ -8,15 +8,23 @@ import copy
 from posttrainllm import banner
 from posttrainllm.errors import UsageError
 from posttrainllm.lifecycle import Context, Setup, device_name
-from posttrainllm.planning import bottom_scale_gamma, bottom_scale_note, clamp_max_length, plan_param_groups
+from posttrainllm.planning import (
+    bottom_scale_gamma,
+    bottom_scale_note,
+    check_something_trains,
+    clamp_max_length,
+    plan_param_groups,
+)
 
 
 def setup(ctx: Context) -> Setup:
-    from posttrainllm import models
+    from posttrainllm import models, weights
     from posttrainllm.data import pipeline
 
     cfg = ctx.cfg
     model_path, source, ref_path, ref_source = _resolve_models(cfg)
+    names = weights.check_config(model_path, allow_new_weights=cfg.allow_new_weights)  # before anything heavy
+    check_something_trains(cfg, names)
     model_args = models.check_model_args(model_path, cfg.model_args, cfg.trust_remote_code)
     notes: list[str] = models.precision_notes(ctx.precision)
     if source and (low := gguf_note(source)):
@@ -30,8 +38,9 @@ def setup(ctx: Context) -> Setup:
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
     prepared = pipeline.prepare(cfg, tokenizer)
     model = models.load_model(
-        model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args
-    )
+        model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args,
+        fine_tune=True, allow_new_weights=cfg.allow_new_weights, notes=notes,
+    )  # fmt: skip
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = _reference_model(cfg, model, ref_path, ctx.precision, model_args)
     if cfg.lora_r:

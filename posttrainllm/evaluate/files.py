@@ -79,8 +79,8 @@ def evaluate_files(
     Returns ``{name: text_perplexity(...) result, ..., "sft": sft_completion_loss(...) result}``. With a
     ``reference`` model (same tokenizer), each text's result also holds ``"kl"``: the mean per-token
     KL(reference ‖ model) over the same predicted positions (posttrainllm/divergence.py).
-    A rich progress bar is shown on stderr when ``progress`` is true and stderr is a terminal; nothing is
-    ever printed to stdout.
+    A rich progress bar is shown on stderr when ``progress`` is true and stderr is a terminal, plain lines every
+    ``PROGRESS_EVERY`` seconds when it is not (a log file); nothing is ever printed to stdout.
     """
     max_length = _check_max_length(max_length)
     batch_size = _check_batch_size(batch_size)
@@ -102,7 +102,7 @@ def evaluate_files(
 
     bar = _progress_bar() if progress is True and sys.stderr.isatty() else None
     if bar is None:
-        run(lambda name, total: None)
+        run(_LineProgress() if progress is True else (lambda name, total: None))
     else:
         with bar:
 
@@ -131,6 +131,34 @@ def _tokenized(tokenizer, texts, with_sft: bool) -> dict:
     paths = [os.fspath(p) for p in texts]
     named = dict(zip(_names_for_paths(paths, reserved), paths))
     return {name: _tokenize_file(tokenizer, path) for name, path in named.items()}
+
+
+PROGRESS_EVERY = 30.0  # seconds between two plain progress lines (stderr not a terminal)
+
+
+class _LineProgress:
+    """Progress as plain lines on stderr: `eval: NAME: k/total` when a text starts, at most every PROGRESS_EVERY
+    seconds while it runs, and when it is done."""
+
+    def __call__(self, name: str, total):
+        import time
+
+        done, last = [0], [time.monotonic()]
+        unit = "examples" if name == "sft" else "windows"
+
+        def line() -> None:
+            of = f"/{total}" if total else ""
+            print(f"eval: {name}: {done[0]}{of} {unit}", file=sys.stderr, flush=True)
+
+        def advance(n: int) -> None:
+            done[0] += n
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY or (total and done[0] >= total):
+                last[0] = now
+                line()
+
+        line()
+        return advance
 
 
 def _progress_bar():

@@ -127,12 +127,13 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
     nll_sum = 0.0
     predicted = 0
     kl = _KL(reference)
-    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.asarray(ids)  # int32 as tokenized; each batch becomes int64 on its own (memory follows the batch)
     with _EvalMode(model), kl:
         # Full windows: all of length max_length, batched without padding.
         for b0 in range(0, full, batch_size):
             b1 = min(b0 + batch_size, full)
-            batch = torch.from_numpy(ids[b0 * max_length : b1 * max_length].reshape(b1 - b0, max_length)).to(device)
+            window = ids[b0 * max_length : b1 * max_length].astype(np.int64).reshape(b1 - b0, max_length)
+            batch = torch.from_numpy(window).to(device)
             logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
             for r in range(batch.shape[0]):
                 s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
@@ -144,7 +145,7 @@ def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress
                 progress(b1 - b0)
         # The last, shorter window runs alone (no padding). One token predicts nothing: not run at all.
         if rest >= 2:
-            batch = torch.from_numpy(ids[full * max_length :].reshape(1, rest)).to(device)
+            batch = torch.from_numpy(ids[full * max_length :].astype(np.int64).reshape(1, rest)).to(device)
             logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
             s, c = _row_nll_sum(logits[0, :-1], batch[0, 1:])
             nll_sum += s

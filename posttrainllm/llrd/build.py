@@ -189,7 +189,7 @@ def _layout(model, block_path, gamma, min_scale, freeze_below, warnings: list[st
 
 def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_below):
     """Trainable parameters by (depth or None when every depth has the base LR, pattern, LoRA+?, decay?), the
-    per-depth [elements, tensors] counts, and what the plan freezes."""
+    per-depth [elements, tensors] counts, and what the plan freezes; an LLRDArgumentError when it freezes all."""
     per_depth = any(depths.scale(d) != 1.0 for d in depths.all)
     buckets: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
     counts = {d: [0, 0] for d in depths.all}
@@ -206,6 +206,8 @@ def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_be
             continue
         key = (d if per_depth else None, pattern, id(p) in plus_ids, id(p) in decays)
         buckets.setdefault(key, []).append((name, p))
+    if frozen and not buckets:
+        _nothing_left(frozen, patterns, freeze_below)
     return buckets, counts, frozen
 
 
@@ -238,6 +240,22 @@ def _groups(buckets, depths: _Depths, base_lr, weight_decay, lr_groups, loraplus
         )
         param_names[gname] = [nm for nm, _ in buckets[key]]
     return groups, param_names
+
+
+def _nothing_left(frozen, patterns, freeze_below) -> None:
+    """Every trainable parameter frozen (an optimizer would get no parameter): an LLRDArgumentError naming what
+    froze them, ``lr_groups`` (the factor-0 patterns) and/or ``freeze_below``."""
+    zero = list(dict.fromkeys(patterns[id(p)][0] for _, p in frozen if patterns.get(id(p), (None, 1.0))[1] == 0))
+    by_depth = any(patterns.get(id(p), (None, 1.0))[1] != 0 for _, p in frozen)
+    why = [f"LR group pattern(s) {', '.join(repr(z) for z in zero)} with factor 0"] if zero else []
+    why += [f"freeze_below={freeze_below:g} (every depth whose LR scale is below it)"] if by_depth else []
+    fields = (("lr_groups",) if zero else ()) + (("freeze_below",) if by_depth else ())
+    raise LLRDArgumentError(
+        fields[0],
+        f"nothing left to train: all {len(frozen)} trainable tensors are frozen by {' and '.join(why)}; "
+        "give some parameters a factor above 0 or freeze less",
+        fields=fields,
+    )
 
 
 def _lora_b_ids(model, loraplus_ratio: float) -> set[int]:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -26,9 +27,12 @@ from posttrainllm.rundir import fingerprint
 from posttrainllm.rundir.layout import (
     FINAL_MARKER,
     HIDDEN,
+    MARKER,
     RUN_CONFIG,
     checkpoint_dirs,
+    file_sizes,
     is_rank0,
+    linked_checkpoints,
     own,
     verify_checkpoint,
     write_json,
@@ -36,15 +40,24 @@ from posttrainllm.rundir.layout import (
 
 
 def resume_checkpoint(out) -> tuple[Path, list[tuple[Path, str]]]:
-    """(newest complete checkpoint, [(newer checkpoint skipped, why)]); UsageError when none is complete."""
-    skipped = []
+    """(newest complete checkpoint, [(checkpoint skipped, why)]): newer incomplete ones, and every symbolically
+    linked one (never resumed from); UsageError when none is complete."""
+    skipped = [(d, f"a symbolic link to {_link_target(d)}; only checkpoints written here are resumed from")
+               for d in linked_checkpoints(out)]  # fmt: skip
     for d in reversed(checkpoint_dirs(out)):
         problem = verify_checkpoint(d)
         if problem is None:
             return d, skipped
         skipped.append((d, problem))
-    extra = f" ({len(skipped)} incomplete checkpoint(s) skipped: {describe_skipped(skipped)})" if skipped else ""
+    extra = f" ({len(skipped)} checkpoint(s) skipped: {describe_skipped(skipped)})" if skipped else ""
     raise UsageError(f"--resume: no complete checkpoint in {out}{extra}")
+
+
+def _link_target(d: Path) -> str:
+    try:
+        return str(os.readlink(d))
+    except OSError:
+        return "?"
 
 
 def describe_skipped(skipped: list[tuple[Path, str]]) -> str:
@@ -171,3 +184,44 @@ def save_final(trainer_or_model, tokenizer, out: str) -> dict[str, int] | None:
         os.replace(f, target)
     tmp.rmdir()
     return sizes
+
+
+def checkpoint_bytes(out: Path, model) -> int:
+    """About how many bytes a checkpoint of `model` in `out` takes: the newest complete one's size, else the
+    weights plus two optimizer moments (AdamW) of every trainable tensor."""
+    good = [d for d in checkpoint_dirs(out) if verify_checkpoint(d) is None]
+    if good:
+        return sum(file_sizes(good[-1]).values())
+    params = list(model.parameters())
+    return sum(p.numel() * p.element_size() for p in params) + sum(2 * p.numel() * 4 for p in params if p.requires_grad)
+
+
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def disk_full_error(error: BaseException, ckpt: Path, needed: int) -> TrainingError | None:
+    """The error to raise instead of `error` when saving checkpoint `ckpt` failed for want of space: an OSError
+    with errno ENOSPC/EDQUOT (anywhere in its chain), or any other error (torch's writer raises a RuntimeError
+    without errno) when the disk now has less free space than `needed` bytes. The half-written checkpoint (it has
+    no COMPLETE marker) is removed to give the space back; older checkpoints are untouched. None: not a full disk."""
+    chain, e = [], error
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    full = any(isinstance(e, OSError) and e.errno in _DISK_FULL for e in chain)
+    try:
+        free = shutil.disk_usage(ckpt.parent).free
+    except OSError:
+        free = None
+    if not full and not (free is not None and free < needed):
+        return None
+    if is_rank0() and ckpt.is_dir() and not ckpt.is_symlink() and not (ckpt / MARKER).exists():
+        shutil.rmtree(ckpt, ignore_errors=True)
+    good = [d.name for d in checkpoint_dirs(ckpt.parent) if verify_checkpoint(d) is None]
+    kept = f"the last good checkpoint, {good[-1]}, is kept" if good else "no earlier checkpoint exists"
+    room = f", {free / 1e6:.0f} MB free" if free is not None else ""
+    return TrainingError(
+        f"No space left on device while saving {ckpt.name} (needs about {needed / 1e6:.0f} MB{room} in "
+        f"{ckpt.parent}); {kept}: free some space (or --save-total-limit, another --output-dir) and re-run with "
+        "--resume"
+    )

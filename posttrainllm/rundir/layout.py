@@ -122,13 +122,23 @@ def finished_run(out: Path) -> dict | None:
 
 
 def checkpoint_dirs(out) -> list[Path]:
-    """checkpoint-N directories of `out`, oldest first."""
+    """checkpoint-N directories of `out`, oldest first (symbolic links left out: linked_checkpoints)."""
     p = Path(out)
     if not p.is_dir():
         return []
     found = [
         (int(m.group(1)), d) for d in p.iterdir() if (m := CKPT_DIR.match(d.name)) and d.is_dir() and not d.is_symlink()
     ]
+    return [d for _, d in sorted(found)]
+
+
+def linked_checkpoints(out) -> list[Path]:
+    """checkpoint-N entries of `out` that are symbolic links (never resumed from: a link may point into another
+    run, and replacing the output directory would not carry what it points to), oldest first."""
+    p = Path(out)
+    if not p.is_dir():
+        return []
+    found = [(int(m.group(1)), d) for d in p.iterdir() if (m := CKPT_DIR.match(d.name)) and d.is_symlink()]
     return [d for _, d in sorted(found)]
 
 

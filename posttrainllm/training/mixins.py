@@ -185,7 +185,18 @@ class DivergenceGuardMixin:
         bad = nonfinite_parameters(self.model)
         if bad:
             raise TrainingError(self._divergence_message(f"the weights hold NaN/inf values ({', '.join(bad)}, ...)"))
-        return super()._save_checkpoint(model, trial)
+        try:
+            return super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as e:  # a full disk: OSError(ENOSPC), or torch's writer's RuntimeError
+            from pathlib import Path
+
+            from posttrainllm.rundir.checkpoints import checkpoint_bytes, disk_full_error
+
+            ckpt = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            full = disk_full_error(e, ckpt, checkpoint_bytes(ckpt.parent, self.model))
+            if full is None:
+                raise
+            raise full from e
 
     def _note_grad_norm(self, grad_norm) -> None:
         if grad_norm is None or self.args.fp16:

@@ -126,4 +126,13 @@ INPUTS: tuple[Opt, ...] = (
         POST_TRAINING + ("eval", "generate"),
         panel="Inputs",
     ),
+    Opt(
+        "allow_new_weights",
+        bool,
+        False,
+        "Fine-tune even when the config and the weights disagree: weights the checkpoint lacks start random "
+        "(e.g. a new head), weights the model lacks are dropped (off: an error naming them).",
+        POST_TRAINING,
+        panel="Inputs",
+    ),
 )
