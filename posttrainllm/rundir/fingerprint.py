@@ -42,6 +42,7 @@ FREE = frozenset(
         "output_dir",
         "dataset_num_proc",
         "ddp_timeout",
+        "allow_new_weights",  # a permission for the first load; a resume starts from the checkpoint's weights
     }
 )
 INPUTS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset")
