@@ -2,9 +2,11 @@
 
 Perplexity definition (used everywhere in this project, so numbers are comparable between runs):
 
-* the whole text is tokenized ONCE, without special tokens (no BOS/EOS); a long text is read and tokenized in
-  pieces cut at pre-tokenizer boundaries (a newline followed by a non-space character), which gives the same ids
-  as one call for byte-level BPE tokenizers, in bounded memory;
+* the whole text is tokenized ONCE, without special tokens (no BOS/EOS); it is read (a file: a few MB at a time),
+  tokenized and scored as a stream, its text cut into pieces at pre-tokenizer boundaries (a newline followed by a
+  non-space character) exactly as ``posttrainllm.data.text.split_text`` cuts the whole text, which gives the same
+  ids as one call for byte-level BPE tokenizers; memory follows the batch, not the text
+  (``posttrainllm/evaluate/stream.py``);
 * the token ids are cut into consecutive, NON-overlapping windows of ``max_length`` tokens; the last window
   is whatever is left (it may be shorter); each window is scored on its own, with no context carried over;
 * in a window of ``n`` tokens, tokens ``1..n-1`` are predicted from the tokens before them (``n - 1``

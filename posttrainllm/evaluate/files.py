@@ -1,21 +1,17 @@
-"""Evaluating several texts (files or strings) at once, with a progress bar on a terminal."""
+"""Evaluating several texts (files or strings) at once, each streamed (read, tokenized and scored a batch at a time),
+with progress on stderr."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 from posttrainllm.errors import DataError, UsageError
-from posttrainllm.evaluate.scoring import (
-    _check_batch_size,
-    _check_max_length,
-    _score_ids,
-    _tokenize_chunks,
-    _tokenize_text,
-    _windows,
-)
+from posttrainllm.evaluate.progress import progress_meter
+from posttrainllm.evaluate.scoring import _check_batch_size, _check_max_length, _score_batches
 from posttrainllm.evaluate.sft import sft_completion_loss
+from posttrainllm.evaluate.stream import file_chunks, string_chunks, token_chunks, window_batches
 
 
 def _names_for_paths(paths: list[str], reserved: set[str]) -> list[str]:
@@ -47,18 +43,14 @@ def _names_for_paths(paths: list[str], reserved: set[str]) -> list[str]:
     return out
 
 
-def _tokenize_file(tokenizer, path: str):
-    """Token ids of a UTF-8 text file, read in chunks by the data package's reader (its BOM / encoding / NUL
-    checks), never whole."""
-    from posttrainllm.data.reading import iter_text
-
+def _checked_file(path: str) -> str:
     if not os.path.exists(path):
         raise UsageError(f"evaluation file not found: {path}")
     if os.path.isdir(path):
         raise UsageError(f"evaluation path is a directory, expected a text file: {path}")
     if not os.path.isfile(path):
         raise UsageError(f"evaluation path is not a regular file: {path}")
-    return _tokenize_chunks(tokenizer, iter_text(path, path))
+    return path
 
 
 def evaluate_files(
@@ -79,44 +71,38 @@ def evaluate_files(
     Returns ``{name: text_perplexity(...) result, ..., "sft": sft_completion_loss(...) result}``. With a
     ``reference`` model (same tokenizer), each text's result also holds ``"kl"``: the mean per-token
     KL(reference ‖ model) over the same predicted positions (posttrainllm/divergence.py).
-    A rich progress bar is shown on stderr when ``progress`` is true and stderr is a terminal, plain lines every
-    ``PROGRESS_EVERY`` seconds when it is not (a log file); nothing is ever printed to stdout.
+    Each text is read, tokenized and scored as a stream (``posttrainllm.evaluate.stream``): memory follows the
+    batch and the read chunk, not the text. A rich progress bar is shown on stderr when ``progress`` is true and
+    stderr is a terminal, plain lines every ``progress.PROGRESS_EVERY`` seconds when it is not (a log file); a
+    text's progress is the part of it read (the number of windows is known only at its end). Nothing is ever
+    printed to stdout.
     """
     max_length = _check_max_length(max_length)
     batch_size = _check_batch_size(batch_size)
-    tokenized = _tokenized(tokenizer, texts, sft_examples is not None)
+    sources = _sources(texts, sft_examples is not None)
     results: dict[str, dict] = {}
-
-    def run(update_for):
-        for name, ids in tokenized.items():
+    meter = progress_meter(progress is True)
+    with meter:
+        for name, (chunks, total, unit, path) in sources.items():
+            meter.start(name, total, unit)
+            batches = window_batches(token_chunks(tokenizer, chunks()), max_length, batch_size)
             try:
-                step = update_for(name, _windows(len(ids), max_length))
-                results[name] = _score_ids(model, ids, max_length, batch_size, step, reference)
-            except DataError as e:
-                raise DataError(f"{name}: {e}") from None
+                results[name] = _score_batches(model, batches, meter.advance, reference)
+            except DataError as e:  # a reading error names the file already
+                raise DataError(str(e) if path and path in str(e) else f"{name}: {e}") from None
+            meter.finish()
         if sft_examples is not None:
-            step = update_for("sft", len(sft_examples) if hasattr(sft_examples, "__len__") else None)
+            meter.start("sft", len(sft_examples) if hasattr(sft_examples, "__len__") else None, "examples")
             results["sft"] = sft_completion_loss(
-                model, tokenizer, sft_examples, max_length, batch_size=batch_size, progress=step
+                model, tokenizer, sft_examples, max_length, batch_size=batch_size, progress=meter.advance
             )
-
-    bar = _progress_bar() if progress is True and sys.stderr.isatty() else None
-    if bar is None:
-        run(_LineProgress() if progress is True else (lambda name, total: None))
-    else:
-        with bar:
-
-            def update_for(name, total):
-                task = bar.add_task(name, total=total)
-                return lambda advance: bar.update(task, advance=advance)
-
-            run(update_for)
+            meter.finish()
     return results
 
 
-def _tokenized(tokenizer, texts, with_sft: bool) -> dict:
-    """name → token ids of each text (a dict name → text, or a list of file paths), tokenized before any scoring
-    so the progress bar knows its total."""
+def _sources(texts, with_sft: bool) -> dict:
+    """name → (a callable giving the text's (chunk, position) items, its size, the size's unit, its path or None),
+    for a dict name → text or a list of file paths; every path is checked before anything is scored."""
     reserved = {"sft"} if with_sft else set()
     if isinstance(texts, Mapping):
         named = {str(k): v for k, v in texts.items()}
@@ -125,51 +111,9 @@ def _tokenized(tokenizer, texts, with_sft: bool) -> dict:
         for k, v in named.items():
             if not isinstance(v, str):
                 raise DataError(f"text '{k}': expected a string, got {type(v).__name__}")
-        return {name: _tokenize_text(tokenizer, text) for name, text in named.items()}
+        return {name: (partial(string_chunks, t), len(t), "characters", None) for name, t in named.items()}
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         raise UsageError("texts must be a list of file paths or a dict name -> text")
-    paths = [os.fspath(p) for p in texts]
+    paths = [_checked_file(os.fspath(p)) for p in texts]
     named = dict(zip(_names_for_paths(paths, reserved), paths))
-    return {name: _tokenize_file(tokenizer, path) for name, path in named.items()}
-
-
-PROGRESS_EVERY = 30.0  # seconds between two plain progress lines (stderr not a terminal)
-
-
-class _LineProgress:
-    """Progress as plain lines on stderr: `eval: NAME: k/total` when a text starts, at most every PROGRESS_EVERY
-    seconds while it runs, and when it is done."""
-
-    def __call__(self, name: str, total):
-        import time
-
-        done, last = [0], [time.monotonic()]
-        unit = "examples" if name == "sft" else "windows"
-
-        def line() -> None:
-            of = f"/{total}" if total else ""
-            print(f"eval: {name}: {done[0]}{of} {unit}", file=sys.stderr, flush=True)
-
-        def advance(n: int) -> None:
-            done[0] += n
-            now = time.monotonic()
-            if now - last[0] >= PROGRESS_EVERY or (total and done[0] >= total):
-                last[0] = now
-                line()
-
-        line()
-        return advance
-
-
-def _progress_bar():
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(
-        TextColumn("{task.description}", style="bold", markup=False),  # a file name is text, not markup
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    return {name: (partial(file_chunks, p), os.path.getsize(p), "bytes", p) for name, p in named.items()}

@@ -23,31 +23,14 @@ def _model_device(model):
 
 
 def _tokenize_text(tokenizer, text: str):
-    """Token ids of ``text`` without special tokens (an int32 array). Long texts are tokenized in pieces cut at
-    pre-tokenizer boundaries (``posttrainllm.data.text.split_text``): the same ids for byte-level BPE tokenizers,
-    in bounded memory."""
-    return _tokenize_chunks(tokenizer, [text])
-
-
-def _tokenize_chunks(tokenizer, chunks):
-    """Token ids (int32 array) of the concatenation of text chunks, tokenized piece by piece; a chunk boundary is
-    kept only where it is a safe cut (else the text is carried into the next chunk)."""
+    """Token ids of ``text`` without special tokens (an int32 array), tokenized the way ``text_perplexity`` streams
+    it (``posttrainllm.evaluate.stream``): the ids of ``split_text``'s pieces, the same as one call for byte-level
+    BPE tokenizers."""
     import numpy as np
 
-    from posttrainllm.data.reading import safe_cut
-    from posttrainllm.data.text import Tokenize, split_text
+    from posttrainllm.evaluate.stream import string_chunks, token_chunks
 
-    encoder = Tokenize(tokenizer, "")
-    out, pending = [], ""
-    for chunk in chunks:
-        pending += chunk
-        cut = safe_cut(pending, len(pending) // 2) if len(pending) > (1 << 20) else None
-        if cut is None:
-            continue
-        out.extend(encoder.encode(split_text(pending[:cut])))
-        pending = pending[cut:]
-    if pending:
-        out.extend(encoder.encode(split_text(pending)))
+    out = [ids for ids, _ in token_chunks(tokenizer, string_chunks(text))]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
 
 
@@ -107,63 +90,51 @@ class _EvalMode:
         return False
 
 
-def _windows(n_tokens: int, max_length: int) -> int:
-    return -(-n_tokens // max_length)
-
-
-def _score_ids(model, ids: list[int], max_length: int, batch_size: int, progress, reference=None) -> dict:
-    """Perplexity of already tokenized text (see module docstring for the definition); with a `reference` model,
-    also the mean per-token KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py)."""
-    import numpy as np
-    import torch
+def _score_ids(model, ids, max_length: int, batch_size: int, progress, reference=None) -> dict:
+    """Perplexity of already tokenized text (an array or list of ids), see ``_score_batches``; ``progress(windows)``."""
+    from posttrainllm.evaluate.stream import ids_batches
 
     max_length = _check_max_length(max_length)
     batch_size = _check_batch_size(batch_size)
-    n = len(ids)
-    full = n // max_length
-    rest = n - full * max_length
-    device = _model_device(model)
+    step = None if progress is None else (lambda windows, position: progress(windows))
+    return _score_batches(model, ids_batches(ids, max_length, batch_size), step, reference)
 
-    nll_sum = 0.0
-    predicted = 0
+
+def _score_batches(model, batches, progress, reference=None) -> dict:
+    """Perplexity of a text given as its batches of windows (``stream.window_batches``: (int64 windows, position)
+    items), see the package docstring for the definition; with a `reference` model, also the mean per-token
+    KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py). ``progress(windows,
+    position)`` after each batch. Memory follows the batch: only one batch of ids is held here."""
+    import torch
+
+    device = _model_device(model)
+    nll_sum, predicted, tokens, windows = 0.0, 0, 0, 0
     kl = _KL(reference)
-    ids = np.asarray(ids)  # int32 as tokenized; each batch becomes int64 on its own (memory follows the batch)
     with _EvalMode(model), kl:
-        # Full windows: all of length max_length, batched without padding.
-        for b0 in range(0, full, batch_size):
-            b1 = min(b0 + batch_size, full)
-            window = ids[b0 * max_length : b1 * max_length].astype(np.int64).reshape(b1 - b0, max_length)
-            batch = torch.from_numpy(window).to(device)
-            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
-            for r in range(batch.shape[0]):
-                s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
-                nll_sum += s
-                predicted += c
-            kl.add(batch, logits)
-            del logits
+        for rows, position in batches:
+            tokens += rows.size
+            windows += rows.shape[0]
+            if rows.shape[1] >= 2:  # a last window of one token predicts nothing: not run at all
+                batch = torch.from_numpy(rows).to(device)
+                logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
+                for r in range(batch.shape[0]):
+                    s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
+                    nll_sum += s
+                    predicted += c
+                kl.add(batch, logits)
+                del logits
             if progress is not None:
-                progress(b1 - b0)
-        # The last, shorter window runs alone (no padding). One token predicts nothing: not run at all.
-        if rest >= 2:
-            batch = torch.from_numpy(ids[full * max_length :].astype(np.int64).reshape(1, rest)).to(device)
-            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
-            s, c = _row_nll_sum(logits[0, :-1], batch[0, 1:])
-            nll_sum += s
-            predicted += c
-            kl.add(batch, logits)
-            del logits
-        if rest and progress is not None:
-            progress(1)
+                progress(rows.shape[0], position)
 
     if predicted == 0:
-        raise DataError(f"text too short to score: {n} token(s), at least 2 are needed")
+        raise DataError(f"text too short to score: {tokens} token(s), at least 2 are needed")
     mean = nll_sum / predicted
     return {
         "perplexity": math.inf if mean >= 700 else math.exp(mean),  # NaN stays NaN
         "nll": mean,
-        "tokens": n,
+        "tokens": tokens,
         "predicted_tokens": predicted,
-        "windows": _windows(n, max_length),
+        "windows": windows,
         **kl.result(),
     }
 
@@ -213,10 +184,16 @@ def text_perplexity(model, tokenizer, text: str, max_length: int, *, batch_size:
 
     Returns ``{"perplexity", "nll" (mean NLL per predicted token), "tokens" (tokens in the text),
     "predicted_tokens", "windows" (= ceil(tokens / max_length))}``. ``progress``: optional
-    ``callable(advance: int)``, called with the number of windows done (total = ``windows``).
+    ``callable(advance: int)``, called with the number of windows done after each batch (the total, ``windows``,
+    is known at the end: the text is tokenized as it is scored).
     Raises ``DataError`` if the text has fewer than 2 tokens, ``UsageError`` for max_length < 2.
     """
+    from posttrainllm.evaluate.stream import string_chunks, token_chunks, window_batches
+
     if not isinstance(text, str):
         raise DataError(f"text must be a string, got {type(text).__name__}")
-    _check_max_length(max_length)
-    return _score_ids(model, _tokenize_text(tokenizer, text), max_length, batch_size, progress)
+    max_length = _check_max_length(max_length)
+    batch_size = _check_batch_size(batch_size)
+    batches = window_batches(token_chunks(tokenizer, string_chunks(text)), max_length, batch_size)
+    step = None if progress is None else (lambda windows, position: progress(windows))
+    return _score_batches(model, batches, step)
