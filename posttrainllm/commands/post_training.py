@@ -120,6 +120,15 @@ def _apply_lora(model, cfg):
         raise UsageError(f"--lora-targets {targets}: {str(e).splitlines()[0]}") from None
 
 
+def dpo_loss_text(cfg) -> str:
+    """The banner's DPO loss: `sigmoid`, or a weighted sum `0.8×sigmoid + 0.2×sft` (weights 1 when not given)."""
+    types = list(cfg.loss_type or ["sigmoid"])
+    if len(types) == 1 and not cfg.loss_weights:
+        return types[0]
+    weights = cfg.loss_weights or [1.0] * len(types)
+    return " + ".join(f"{w:g}×{t}" for w, t in zip(weights, types))
+
+
 def _default_reference(cfg) -> str:
     return "adapter-disabled base" if cfg.lora_r else "frozen copy of --model"
 
@@ -156,7 +165,9 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}"
         if cfg.lora_r
         else None,
-        "DPO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "dpo" else None,
+        "DPO": f"β={cfg.beta}, loss {dpo_loss_text(cfg)}, reference={cfg.ref_model or _default_reference(cfg)}"
+        if cfg.command == "dpo"
+        else None,
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,
