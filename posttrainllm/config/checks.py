@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from posttrainllm.errors import shorten
 
-POST_TRAINING = ("sft", "dpo", "finetune")  # start from a model
+POST_TRAINING = ("sft", "dpo", "kto", "finetune")  # start from a model
 TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
-ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "generate", "demo")
+ALL_COMMANDS = ("pretrain", "sft", "dpo", "kto", "finetune", "eval", "generate", "demo")
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)

@@ -144,6 +144,10 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
     problems += _loss_checks(v)
+    if command == "kto" and (v.get("batch_size") or 0) < 2:
+        problems.append(
+            "kto needs --batch-size 2 or more: TRL estimates KTO's KL term from the other completions of the batch"
+        )
     if command == "generate" and (v.get("prompt") is None) == (v.get("prompts") is None):
         problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
     if command == "generate" and v.get("output") and v.get("prompt") is not None:

@@ -125,6 +125,10 @@ def _config_class(kind: str):
         from trl import DPOConfig
 
         return DPOConfig
+    if kind == "kto":
+        from trl import KTOConfig
+
+        return KTOConfig
     if kind == "causal_lm":
         from transformers import TrainingArguments
 
@@ -197,6 +201,8 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None)
     elif kind == "dpo":
         args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
         args.update(loss_type=list(cfg.loss_type or ["sigmoid"]), loss_weights=cfg.loss_weights)
+    elif kind == "kto":
+        args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
     extra = check_trainer_args(kind, cfg.trainer_args or {})
     try:
         return make_config(_config_class(kind), **{**args, **extra})
