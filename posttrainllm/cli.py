@@ -164,6 +164,11 @@ _register(
     _main_of("dpo"),
 )
 _register(
+    "kto",
+    "Kahneman-Tversky optimisation with TRL's KTOTrainer (unpaired preference data: prompt, completion, label).",
+    _main_of("kto"),
+)
+_register(
     "finetune",
     "Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
     _main_of("finetune"),

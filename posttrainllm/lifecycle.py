@@ -26,7 +26,7 @@ from posttrainllm.errors import TrainingError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 
-TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "finetune": "causal_lm", "pretrain": "causal_lm"}
+TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "kto": "kto", "finetune": "causal_lm", "pretrain": "causal_lm"}
 
 
 @dataclass

@@ -118,6 +118,16 @@ def preference_file(tmp_path):
 
 
 @pytest.fixture
+def unpaired_file(tmp_path):
+    """KTO's unpaired preference data: 16 desirable and 16 undesirable completions."""
+    rows = [
+        {"prompt": f"Say {i}.", "completion": f"{i}" if i % 2 == 0 else f"no {i + 3} maybe", "label": i % 2 == 0}
+        for i in range(32)
+    ]
+    return write_jsonl(tmp_path / "kto.jsonl", rows)
+
+
+@pytest.fixture
 def text_file(tmp_path):
     p = tmp_path / "corpus.txt"
     p.write_text("\n".join(CORPUS * 40))

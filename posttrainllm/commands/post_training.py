@@ -1,5 +1,5 @@
-"""The setup sft, dpo and finetune share: start from a model (a directory, a hub id or a GGUF file), fit the
-tokenizer, prepare the data of the command's shape, load the model (and DPO's reference), LoRA, plan."""
+"""The setup sft, dpo, kto and finetune share: start from a model (a directory, a hub id or a GGUF file), fit the
+tokenizer, prepare the data of the command's shape, load the model (and the DPO / KTO reference), LoRA, plan."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from posttrainllm.planning import (
     plan_param_groups,
 )
 
+PREFERENCE = ("dpo", "kto")  # the commands with a reference model
+
 
 def setup(ctx: Context) -> Setup:
     from posttrainllm import models, weights
-    from posttrainllm.data import pipeline
+    from posttrainllm.data import label_note, pipeline
 
     cfg = ctx.cfg
     model_path, source, ref_path, ref_source = _resolve_models(cfg)
@@ -30,7 +32,7 @@ def setup(ctx: Context) -> Setup:
     if source and (low := gguf_note(source)):
         notes.append(low)
     tokenizer = models.load_tokenizer(
-        model_path, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo"), notes=notes
+        model_path, cfg.trust_remote_code, need_eos=cfg.command in ("sft", "dpo", "kto"), notes=notes
     )
     cfg, clamped = clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
     notes += clamped
@@ -46,7 +48,7 @@ def setup(ctx: Context) -> Setup:
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
     plan = plan_param_groups(cfg, model)
-    notes += bottom_scale_note(cfg, plan) + [n for n in (prepared.template_note,) if n]
+    notes += bottom_scale_note(cfg, plan) + [n for n in (prepared.template_note, label_note(prepared)) if n]
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
     resolved = {
@@ -64,7 +66,7 @@ def setup(ctx: Context) -> Setup:
 
 
 def _resolve_models(cfg):
-    """--model (and dpo's --ref-model) as local directories: a GGUF file is converted once into a cached one."""
+    """--model (and dpo's or kto's --ref-model) as local directories: a GGUF file is converted once, cached."""
     from posttrainllm import models
     from posttrainllm.config import producing_recipe
 
@@ -72,7 +74,7 @@ def _resolve_models(cfg):
         cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
     )
     ref_path = ref_source = None
-    if cfg.command == "dpo" and cfg.ref_model:
+    if cfg.command in PREFERENCE and cfg.ref_model:
         ref_path, ref_source = models.resolve_model(
             cfg.ref_model,
             "--ref-model",
@@ -83,11 +85,11 @@ def _resolve_models(cfg):
 
 
 def _reference_model(cfg, model, ref_path, precision, model_args):
-    """dpo without LoRA: --ref-model, or a frozen copy of the model (never in the optimizer; under FSDP it is
+    """dpo and kto without LoRA: --ref-model, or a frozen copy of the model (never in the optimizer; under FSDP it is
     sharded for its forward only). None otherwise (LoRA's reference is the adapter-disabled base)."""
     from posttrainllm import models
 
-    if cfg.command != "dpo" or cfg.lora_r:
+    if cfg.command not in PREFERENCE or cfg.lora_r:
         return None
     if cfg.ref_model:
         ref_model = models.load_model(
@@ -118,6 +120,15 @@ def _apply_lora(model, cfg):
         return get_peft_model(model, lcfg)
     except ValueError as e:
         raise UsageError(f"--lora-targets {targets}: {str(e).splitlines()[0]}") from None
+
+
+def dpo_loss_text(cfg) -> str:
+    """The banner's DPO loss: `sigmoid`, or a weighted sum `0.8×sigmoid + 0.2×sft` (weights 1 when not given)."""
+    types = list(cfg.loss_type or ["sigmoid"])
+    if len(types) == 1 and not cfg.loss_weights:
+        return types[0]
+    weights = cfg.loss_weights or [1.0] * len(types)
+    return " + ".join(f"{w:g}×{t}" for w, t in zip(weights, types))
 
 
 def _default_reference(cfg) -> str:
@@ -156,7 +167,10 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}"
         if cfg.lora_r
         else None,
-        "DPO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "dpo" else None,
+        "DPO": f"β={cfg.beta}, loss {dpo_loss_text(cfg)}, reference={cfg.ref_model or _default_reference(cfg)}"
+        if cfg.command == "dpo"
+        else None,
+        "KTO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "kto" else None,
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,

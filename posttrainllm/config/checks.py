@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from posttrainllm.errors import shorten
 
-POST_TRAINING = ("sft", "dpo", "finetune")  # start from a model
+POST_TRAINING = ("sft", "dpo", "kto", "finetune")  # start from a model
 TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
-ALL_COMMANDS = ("pretrain", "sft", "dpo", "finetune", "eval", "generate", "demo")
+ALL_COMMANDS = ("pretrain", "sft", "dpo", "kto", "finetune", "eval", "generate", "demo")
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
@@ -29,6 +29,25 @@ SCHEDULERS = (
     "warmup_stable_decay",
 )
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# DPOTrainer's loss types in the installed TRL (1.16), in its order; tests/test_dpo_losses.py checks this list equals
+# the branches of DPOTrainer's loss, so a TRL that adds or drops one fails there rather than here at run time.
+DPO_LOSS_TYPES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+)
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "all")
 
 

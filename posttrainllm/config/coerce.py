@@ -152,23 +152,35 @@ def key_values(raw: Any, *, numbers: bool) -> dict[str, Any]:
 _KIND = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string"}
 
 
+def _entries(opt: Opt, raw: Any) -> list:
+    """A list option's value: one string or a list (of strings, or numbers), each string split at commas when the
+    option is comma-separated, each entry as the option's entry type (str or float). ValueError when malformed."""
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not all(
+        isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in items
+    ):
+        raise ValueError
+    if opt.split:
+        items = [part for x in items for part in ([p.strip() for p in x.split(",")] if isinstance(x, str) else [x])]
+        if any(part == "" for part in items):
+            raise ValueError  # "a,,b" or a trailing comma
+    return [_scalar(x, float) if opt.item_type is float else str(x) for x in items]
+
+
 def option_value(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
     """Turn a CLI string or a YAML value into the option's type. Returns (value, problem)."""
     if raw is None:
         return None, None
     try:
         if opt.type is dict:
-            return key_values(raw, numbers=opt.item is float), None
+            return key_values(raw, numbers=opt.item_type is float), None
         if opt.type is list:
-            if isinstance(raw, str):
-                return [raw], None
-            if isinstance(raw, (list, tuple)) and all(isinstance(x, (str, int, float)) for x in raw):
-                return [str(x) for x in raw], None
-            raise ValueError
+            return _entries(opt, raw), None
         return convert(raw, opt.type), None
     except (TypeError, ValueError):
         pass
     where = f"{opt.cli_flag}" if origin == "cli" else f"recipe key '{opt.recipe_key}'"
-    kind = _KIND.get(opt.type) or f"{opt.metavar} entries (a mapping in recipes)"
+    kind = "a list of numbers" if opt.type is list and opt.item_type is float else _KIND.get(opt.type)
+    kind = kind or f"{opt.metavar} entries (a mapping in recipes)"
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
     return None, f"{where}: expected {kind}{extra}, got {quote(raw)}"

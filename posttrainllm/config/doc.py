@@ -14,7 +14,7 @@ END = "<!-- options:end -->"
 
 
 def _commands(commands: tuple[str, ...]) -> str:
-    for group, name in ((ALL_COMMANDS, "all"), (TRAINING, "training"), (POST_TRAINING, "sft, dpo, finetune")):
+    for group, name in ((ALL_COMMANDS, "all"), (TRAINING, "training"), (POST_TRAINING, "sft, dpo, kto, finetune")):
         if set(commands) == set(group):
             return name
     return ", ".join(c for c in ALL_COMMANDS if c in commands)
@@ -33,7 +33,8 @@ def options_table() -> str:
     for o in (*EXTRA_OPTIONS.values(), *OPTIONS):
         flag = f"`{o.cli_flag}`" + (f" `{o.metavar}`" if o.metavar and o.type is not bool else "")
         key = f"`{o.recipe_key}`" if o.recipe else "—"
-        default = "—" if o.default in (None, [], {}) else f"`{o.default}`"
+        shown = ",".join(map(str, o.default)) if isinstance(o.default, list) else o.default
+        default = "—" if o.default in (None, [], {}) else f"`{shown}`"
         old = f" (formerly {', '.join(f'`{f}`' for f in o.deprecated_flags)}, still read)" if o.deprecated else ""
         rows.append(
             f"| {_cell(flag)} | {_cell(_commands(o.commands))} | {key} | {_cell(default)} | {_cell(o.help)}{old} |"

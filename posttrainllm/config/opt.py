@@ -24,9 +24,16 @@ class Opt:
     required: bool = False
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"
-    item: type = float  # dict options: the type of the values (float, or object = kept as given and checked later)
+    item: type | None = None  # dict: the values' type (float default; object = kept as given, checked later);
+    # list: the entries' type (str default, or float)
+    split: bool = False  # list options: one value may also hold several entries separated by commas ("a,b")
     key: str | None = None  # recipe key and flag name when they differ from the internal name
     deprecated: tuple[str, ...] = ()  # older names still read (as a recipe key and as --name-with-dashes), never shown
+
+    @property
+    def item_type(self) -> type:
+        """The type of a dict option's values (float unless set) or a list option's entries (str unless set)."""
+        return self.item or (float if self.type is dict else str)
 
     @property
     def recipe_key(self) -> str:

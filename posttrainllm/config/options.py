@@ -31,8 +31,8 @@ EVAL_MODEL = Opt(
     panel="Inputs",
 )
 
-COMMAND_DEFAULT_LR = {"sft": 2e-5, "finetune": 2e-5, "dpo": 5e-7, "pretrain": 5e-4}
-COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "finetune": 512, "pretrain": 256, "eval": 512}
+COMMAND_DEFAULT_LR = {"sft": 2e-5, "finetune": 2e-5, "dpo": 5e-7, "kto": 5e-7, "pretrain": 5e-4}
+COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "kto": 512, "finetune": 512, "pretrain": 256, "eval": 512}
 
 
 DEMO_OUTPUT = Opt(

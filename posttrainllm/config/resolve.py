@@ -143,6 +143,11 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")
     if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
+    problems += _loss_checks(v)
+    if command == "kto" and (v.get("batch_size") or 0) < 2:
+        problems.append(
+            "kto needs --batch-size 2 or more: TRL estimates KTO's KL term from the other completions of the batch"
+        )
     if command == "generate" and (v.get("prompt") is None) == (v.get("prompts") is None):
         problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
     if command == "generate" and v.get("output") and v.get("prompt") is not None:
@@ -165,4 +170,30 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
         if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
             problems.append(f"text file not found: {shorten(path)}")
+    return problems
+
+
+def _loss_checks(v: dict[str, Any]) -> list[str]:
+    """dpo's --loss-type / --loss-weights: each loss once, one weight per loss, the losses TRL would refuse later."""
+    types, weights = v.get("loss_type") or [], v.get("loss_weights")
+    problems = []
+    twice = sorted({t for t in types if types.count(t) > 1})
+    if twice:
+        problems.append(
+            f"--loss-type {', '.join(twice)} given more than once: give each loss once (--loss-weights "
+            "sets how much it counts)"
+        )
+    if weights is not None and len(weights) != len(types):
+        problems.append(
+            f"--loss-weights has {len(weights)} weight(s) for {len(types)} --loss-type loss(es) "
+            f"({', '.join(types)}): give one weight per loss, in the same order"
+        )
+    if "exo_pair" in types:
+        smoothing = (v.get("trainer_args") or {}).get("label_smoothing", 0)
+        try:
+            ok = float(smoothing) > 0
+        except (TypeError, ValueError):
+            ok = True  # a malformed value is reported by the --trainer-arg check, naming the field's type
+        if not ok:
+            problems.append("--loss-type exo_pair needs label smoothing ε > 0: add --trainer-arg label_smoothing=1e-3")
     return problems

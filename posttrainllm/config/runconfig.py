@@ -14,9 +14,9 @@ _SKIP_IN_RECORD = frozenset({"debug", "json", "recipe", "dry_run", "overwrite", 
 
 def _annotation(o: Opt) -> Any:
     if o.type is dict:
-        return dict[str, float] | None if o.item is float else dict[str, Any] | None
+        return dict[str, float] | None if o.item_type is float else dict[str, Any] | None
     if o.type is list:
-        return list[str] | None
+        return list[o.item_type] | None
     return o.type | None
 
 

@@ -1,12 +1,14 @@
 """Datasets for the trainers, through Arrow: memory follows the batch, not the dataset.
 
-Three jobs, one per command family:
+One job per command family:
 
 * ``prepare_sft``  (``sft``): records -> TRL ``SFTTrainer`` rows: ``{"prompt", "completion"}`` (strings or message
   lists; the loss falls on the completion only, TRL's default for this shape), ``{"messages"}`` (loss on the whole
   conversation unless the trainer asks for ``assistant_only_loss``) or ``{"text"}``.
 * ``prepare_dpo``  (``dpo``): records -> TRL ``DPOTrainer`` rows with an explicit prompt:
   ``{"prompt", "chosen", "rejected"}``, all strings or all message lists.
+* ``prepare_kto``  (``kto``): records -> TRL ``KTOTrainer`` rows ``{"prompt", "completion", "label"}`` (unpaired
+  preference data: one completion per row, label true when it is desirable).
 * ``prepare_text`` (``finetune``/``pretrain``): raw text -> fixed-length token blocks ``{"input_ids", "labels"}`` for
   transformers' ``Trainer``.
 
@@ -39,7 +41,7 @@ from .formats import (
     convert_records,
 )
 from .loss_mask import LossMask, apply_loss_mask
-from .prepare import PreparedData, describe, prepare_dpo, prepare_sft, prepare_text
+from .prepare import PreparedData, describe, label_note, prepare_dpo, prepare_kto, prepare_sft, prepare_text
 from .reading import load, read_records
 from .replay import mix_replay
 from .text import iter_texts, load_texts
@@ -63,6 +65,8 @@ __all__ = [
     "ensure_chat_template",
     "prepare_sft",
     "prepare_dpo",
+    "prepare_kto",
+    "label_note",
     "prepare_text",
     "describe",
     "mix_replay",

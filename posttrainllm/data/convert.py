@@ -37,11 +37,13 @@ def target_features(fmt: str, conversational: bool, with_drop: bool = True):
     msgs = datasets.List({"role": string, "content": string})
     if fmt in ("messages", "sharegpt", "sharegpt_preference"):
         kind = msgs
-    elif fmt in ("prompt_completion", "preference"):
+    elif fmt in ("prompt_completion", "preference", "unpaired"):
         kind = msgs if conversational else string
     else:
         kind = string
     features = {c: kind for c in F.TARGET_COLUMNS[fmt]}
+    if fmt == "unpaired":
+        features["label"] = datasets.Value("bool")
     if with_drop:
         features[DROP] = string
     return datasets.Features(features)

@@ -75,8 +75,10 @@ def detect_format(records, task: str, source: str = "") -> str:
 
 
 def _guess(colset: set[str], task: str) -> str | None:
+    if task == "kto":
+        return "unpaired" if {"completion", "label"} <= colset else _guess_pairs(colset) or _guess_sft(colset)
     if task == "dpo":
-        return _guess_pairs(colset) or _guess_sft(colset)
+        return _guess_pairs(colset) or ("unpaired" if {"completion", "label"} <= colset else _guess_sft(colset))
     if task == "text":
         return "text" if "text" in colset else (_guess_sft(colset) or _guess_pairs(colset))
     # sft: preference data (chosen/rejected without a messages column) is reported as such
@@ -109,6 +111,8 @@ def format_from_columns(cols: list[str], task: str, name: str) -> str:
     # The data fits another command.
     if fmt in DPO_FORMATS:
         kind, fits = "preference data", "dpo"
+    elif fmt == "unpaired":
+        kind, fits = "unpaired preference data", "kto"
     elif fmt == "text":
         kind, fits = "raw text", "finetune/pretrain (or sft)"
     else:
@@ -117,6 +121,7 @@ def format_from_columns(cols: list[str], task: str, name: str) -> str:
         "sft": "sft needs instruction data: " + accepts("sft"),
         "dpo": "dpo needs prompt/chosen/rejected preference pairs (or ShareGPT conversations with chosen/rejected)",
         "text": "finetune/pretrain need raw text: a 'text' column or a .txt file",
+        "kto": "kto needs unpaired preference data: prompt, completion and a true/false label per row",
     }[task]
     raise DataError(f"{name}: looks like {kind} ({fmt}); {needs}. Use the {fits} command for this data")
 
@@ -127,9 +132,9 @@ def is_conversational(fmt: str, rows: list[dict], features=None) -> bool:
     string values of the other rows become single user/assistant messages, so the whole set has one schema."""
     if fmt in ("messages", "sharegpt", "sharegpt_preference"):
         return True
-    if fmt not in ("prompt_completion", "preference"):
+    if fmt not in ("prompt_completion", "preference", "unpaired"):
         return False
-    keys = ("prompt", "completion") if fmt == "prompt_completion" else ("prompt", "chosen", "rejected")
+    keys = ("prompt", "chosen", "rejected") if fmt == "preference" else ("prompt", "completion")
     if features is not None:
         import datasets
 

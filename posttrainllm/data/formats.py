@@ -10,6 +10,7 @@ prompt_completion    prompt, completion (strings or message lists)         promp
 text                 text                                                  text (sft) or token blocks (finetune)
 preference           [prompt], chosen, rejected (strings or message lists) prompt / chosen / rejected
 sharegpt_preference  conversations, chosen: {from, value}, rejected: {..}  prompt (messages) / chosen / rejected
+unpaired             prompt, completion, label (true: desirable)           prompt / completion / label (KTO)
 ==================== ===================================================== ==========================================
 
 The per-record functions here are the reference: ``convert.py`` applies them to a dataset batch by batch (and has
@@ -28,6 +29,7 @@ from .reading import json_type
 SFT_FORMATS = ("alpaca", "messages", "sharegpt", "prompt_completion", "text")
 DPO_FORMATS = ("preference", "sharegpt_preference")
 TEXT_FORMATS = ("text",)
+KTO_FORMATS = ("unpaired",)
 
 FORMAT_HELP = {
     "alpaca": "alpaca (instruction, input, output)",
@@ -38,9 +40,10 @@ FORMAT_HELP = {
     "preference": "preference (prompt, chosen, rejected; or chosen, rejected conversations that include the prompt)",
     "sharegpt_preference": "sharegpt_preference (conversations: [{from, value}], chosen: {from, value}, "
     "rejected: {from, value})",
+    "unpaired": "unpaired (prompt, completion, label: true for a desirable completion, false for an undesirable one)",
 }
-TASK_FORMATS = {"sft": SFT_FORMATS, "dpo": DPO_FORMATS, "text": TEXT_FORMATS}
-_TASK_COMMANDS = {"sft": "sft", "dpo": "dpo", "text": "finetune/pretrain"}
+TASK_FORMATS = {"sft": SFT_FORMATS, "dpo": DPO_FORMATS, "text": TEXT_FORMATS, "kto": KTO_FORMATS}
+_TASK_COMMANDS = {"sft": "sft", "dpo": "dpo", "text": "finetune/pretrain", "kto": "kto"}
 
 # What each format turns into (for `describe`).
 CONVERSION = {
@@ -51,6 +54,7 @@ CONVERSION = {
     "text": "text",
     "preference": "prompt/chosen/rejected",
     "sharegpt_preference": "prompt/chosen/rejected (messages)",
+    "unpaired": "prompt/completion/label",
 }
 # The columns each format converts to.
 TARGET_COLUMNS = {
@@ -61,6 +65,7 @@ TARGET_COLUMNS = {
     "text": ("text",),
     "preference": ("prompt", "chosen", "rejected"),
     "sharegpt_preference": ("prompt", "chosen", "rejected"),
+    "unpaired": ("prompt", "completion", "label"),
 }
 
 # Stanford Alpaca's prompt templates (https://github.com/tatsu-lab/stanford_alpaca). The completion is the `output`.
@@ -100,6 +105,7 @@ SAME_PAIR = "chosen equals rejected"
 EMPTY_PAIR = "empty chosen or rejected"
 TOO_LONG_PROMPT = "prompt fills --max-length"
 NULL_TEXT = "null or NaN text"
+NO_LABEL = "null label"
 REASON_TEXT = {
     EMPTY_RECORD: "empty",
     EMPTY_COMPLETION: "empty completion",
@@ -109,6 +115,7 @@ REASON_TEXT = {
     EMPTY_PAIR: "empty chosen/rejected",
     TOO_LONG_PROMPT: "prompt ≥ --max-length, no completion token left",
     NULL_TEXT: "null/NaN text",
+    NO_LABEL: "no label",
 }
 # The columns that say a record has a format's shape, and the text columns a record of it cannot do without (a null
 # or NaN there makes the record degenerate: dropped and counted, never the text "nan").
@@ -120,6 +127,7 @@ SHAPE_COLUMNS = {
     "text": ("text",),
     "preference": ("prompt", "chosen", "rejected"),
     "sharegpt_preference": ("conversations", "chosen", "rejected"),
+    "unpaired": ("completion", "label"),
 }
 REQUIRED_TEXT = {
     "alpaca": ("instruction", "output"),
@@ -127,6 +135,7 @@ REQUIRED_TEXT = {
     "text": ("text",),
     "preference": ("chosen", "rejected"),
     "sharegpt_preference": ("chosen", "rejected"),
+    "unpaired": ("completion",),
 }
 
 
@@ -346,6 +355,23 @@ def _sharegpt_preference(record: dict, where: str) -> dict:
     return out
 
 
+_LABELS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _unpaired(record: dict, where: str) -> dict:
+    """KTO's unpaired row: a prompt/completion (strings or messages) and whether the completion is desirable. The
+    label is a boolean, 0/1, or the text true/false/1/0 (CSV); anything else is an error naming the record."""
+    label = record.get("label")
+    if isinstance(label, str) and label.strip().lower() in _LABELS:
+        label = _LABELS[label.strip().lower()]
+    elif isinstance(label, (int, float)) and not isinstance(label, bool) and label in (0, 1):
+        label = bool(label)
+    if not isinstance(label, bool):
+        found = f"{json_type(label)} {shorten(repr(label), 40)}"
+        raise DataError(f"{where}: 'label' must be true (desirable) or false (undesirable), found {found}")
+    return {**_prompt_completion(record, where), "label": label}
+
+
 CONVERTERS = {
     "alpaca": _alpaca,
     "messages": lambda rec, where: {"messages": _messages(rec.get("messages"), where, "messages")},
@@ -354,14 +380,18 @@ CONVERTERS = {
     "text": _text,
     "preference": _preference,
     "sharegpt_preference": _sharegpt_preference,
+    "unpaired": _unpaired,
 }
 _ROLES_FOR = {"prompt": "user", "completion": "assistant", "chosen": "assistant", "rejected": "assistant"}
+
+
+_PLAIN_OR_MESSAGES = ("prompt_completion", "preference", "unpaired")  # strings or message lists, one kind per set
 
 
 def unify(row: dict, fmt: str, conversational: bool, where: str) -> dict:
     """One schema for the whole set: in conversational prompt_completion / preference data, string values become
     single user/assistant messages; plain-string data must not hold message lists."""
-    if fmt not in ("prompt_completion", "preference"):
+    if fmt not in _PLAIN_OR_MESSAGES:
         return row
     keys = [k for k in ("prompt", "completion", "chosen", "rejected") if k in row]
     if conversational:
@@ -389,7 +419,7 @@ def convert_records(records: list[dict], fmt: str, source: str = "") -> list[dic
     messages so that the whole set has one Arrow schema."""
     convert = CONVERTERS[fmt]
     rows = [convert(rec, where(source, i)) for i, rec in enumerate(records)]
-    if fmt in ("prompt_completion", "preference") and rows:
+    if fmt in _PLAIN_OR_MESSAGES and rows:
         keys = [k for k in ("prompt", "completion", "chosen", "rejected") if k in rows[0]]
         conversational = any(isinstance(row[k], list) for row in rows for k in keys)
         rows = [unify(row, fmt, conversational, where(source, i)) for i, row in enumerate(rows)]
@@ -418,7 +448,9 @@ def null_reason(record: dict, fmt: str, where: str) -> str | None:
             f"before it have: it holds {found}; use one format for the whole file (or split it into one file per "
             "format)"
         )
-    return NULL_TEXT if any(is_null(record.get(k)) for k in REQUIRED_TEXT.get(fmt, ())) else None
+    if any(is_null(record.get(k)) for k in REQUIRED_TEXT.get(fmt, ())):
+        return NULL_TEXT
+    return NO_LABEL if fmt == "unpaired" and is_null(record.get("label")) else None
 
 
 def _has_text(value) -> bool:
@@ -435,7 +467,7 @@ def drop_reason(row: dict, fmt: str) -> str | None:
     """Why a converted row teaches nothing (None when it is fine)."""
     if fmt in ("messages", "sharegpt"):
         return None if has_assistant_content(row["messages"]) else NO_ASSISTANT
-    if fmt in ("alpaca", "prompt_completion"):
+    if fmt in ("alpaca", "prompt_completion", "unpaired"):
         completion = row["completion"]
         if isinstance(completion, list):
             return None if has_assistant_content(completion) else NO_ASSISTANT
@@ -455,4 +487,5 @@ def placeholder(fmt: str, conversational: bool) -> dict:
     if fmt in ("messages", "sharegpt"):
         return {"messages": []}
     empty: Any = [] if conversational else ""
-    return {k: ([] if fmt == "sharegpt_preference" else empty) for k in TARGET_COLUMNS[fmt]}
+    row = {k: ([] if fmt == "sharegpt_preference" else empty) for k in TARGET_COLUMNS[fmt]}
+    return {**row, "label": False} if fmt == "unpaired" else row

@@ -35,6 +35,8 @@ def prepare(cfg, tokenizer):
         prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     elif cfg.command == "dpo":
         prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
+    elif cfg.command == "kto":
+        prepared = data.prepare_kto(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     if cfg.replay_dataset:

@@ -36,6 +36,7 @@ class PreparedData:
     conversational: bool = False  # rows are message lists
     streaming: bool = False
     loss: Any = None  # sft: the LossMask of apply_loss_mask (what the loss falls on)
+    desirable: int | None = None  # prepare_kto: train rows labelled true (None for a stream)
 
 
 def _check_args(eval_split: float, eval_source: str | None, max_samples: int | None) -> None:
@@ -272,6 +273,42 @@ def prepare_dpo(
     )
 
 
+def prepare_kto(
+    source,
+    tokenizer,
+    *,
+    eval_split: float = 0.0,
+    eval_source: str | None = None,
+    seed: int = 42,
+    max_samples: int | None = None,
+    num_proc: int | None = None,
+    streaming: bool = False,
+    stream_rows: int | None = None,
+) -> PreparedData:
+    """Read `source` and convert it to KTOTrainer rows: {"prompt", "completion", "label"} (strings or message lists;
+    label True for a desirable completion). Rows with an empty completion, a null text or a null label are dropped
+    and counted; `desirable` counts the train rows labelled True. Options as `prepare_dpo`."""
+    prepared = _prepare_pairs(
+        "kto", source, tokenizer, eval_split, eval_source, seed, max_samples, None, num_proc, streaming, stream_rows
+    )
+    if not streaming:
+        prepared.desirable = sum(1 for label in prepared.train["label"] if label)
+    return prepared
+
+
+def label_note(prepared: PreparedData) -> str | None:
+    """The banner's warning when every KTO train row has the same label. TRL trains on it (desirable-only or
+    undesirable-only KTO), but the run then learns no contrast between good and bad completions."""
+    n, good = prepared.n_train, prepared.desirable
+    if good is None or not n or 0 < good < n:
+        return None
+    which, other = ("true (desirable)", "false") if good == n else ("false (undesirable)", "true")
+    return (
+        f"every training row of {_short(prepared.source)} has label {which}: KTO then only moves those completions "
+        f"against the reference, with no {other} rows to contrast; add rows labelled {other} for a preference signal"
+    )
+
+
 def _text_blocks(source: str, tokenizer, max_length: int, num_proc, streaming: bool):
     """(blocks, tokens in the text) for a dataset; a stream's token count is unknown (None)."""
     ds = text.load_texts(source, streaming=streaming)
@@ -381,6 +418,8 @@ def describe(prepared: PreparedData) -> str:
             counts += f" (from {_short(prepared.eval_source)})"
     else:
         counts += ", no eval"
+    if prepared.desirable is not None and prepared.n_train:
+        counts += f" ({prepared.desirable} desirable, {prepared.n_train - prepared.desirable} undesirable)"
     line = f"{_short(prepared.source)} · {prepared.format} → {conversion} · {counts}"
     if prepared.dropped:
         total = sum(prepared.dropped.values())
@@ -393,6 +432,8 @@ def describe(prepared: PreparedData) -> str:
 
 __all__ = [
     "PreparedData",
+    "label_note",
+    "prepare_kto",
     "prepare_sft",
     "prepare_dpo",
     "prepare_text",

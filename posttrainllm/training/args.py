@@ -112,6 +112,8 @@ FIRST_CLASS = {
     "overwrite_output_dir": "--overwrite",
     "assistant_only_loss": "--train-on-prompt",
 }
+# ... and the fields a first-class option sets for one kind only (SFTConfig's own loss_type stays a --trainer-arg).
+FIRST_CLASS_OF_KIND = {"dpo": {"loss_type": "--loss-type", "loss_weights": "--loss-weights"}}
 
 
 def _config_class(kind: str):
@@ -123,6 +125,10 @@ def _config_class(kind: str):
         from trl import DPOConfig
 
         return DPOConfig
+    if kind == "kto":
+        from trl import KTOConfig
+
+        return KTOConfig
     if kind == "causal_lm":
         from transformers import TrainingArguments
 
@@ -140,10 +146,11 @@ def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
 
     cls = _config_class(kind)
     hints = _field_types(cls)
+    owned = {**FIRST_CLASS, **FIRST_CLASS_OF_KIND.get(kind, {})}
     problems, out = [], {}
     for key, value in raw.items():
-        if key in FIRST_CLASS:
-            problems.append(f"--trainer-arg {key}: set it with {FIRST_CLASS[key]} (the option posttrainllm owns)")
+        if key in owned:
+            problems.append(f"--trainer-arg {key}: set it with {owned[key]} (the option posttrainllm owns)")
         elif key not in hints:
             close = difflib.get_close_matches(key, list(hints), 3)
             problems.append(
@@ -192,6 +199,9 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None)
             if loss.completion_only_loss is not None:
                 args["completion_only_loss"] = loss.completion_only_loss
     elif kind == "dpo":
+        args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
+        args.update(loss_type=list(cfg.loss_type or ["sigmoid"]), loss_weights=cfg.loss_weights)
+    elif kind == "kto":
         args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
     extra = check_trainer_args(kind, cfg.trainer_args or {})
     try:

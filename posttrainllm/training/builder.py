@@ -1,4 +1,4 @@
-"""Build the trainer for a kind ('sft' | 'dpo' | 'causal_lm') with the mixins installed and the run's plan."""
+"""Build the trainer for a kind ('sft' | 'dpo' | 'kto' | 'causal_lm') with the mixins installed and the run's plan."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from posttrainllm.training.progress import _log_callbacks, interactive
 def build_trainer(
     kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=(), loss=None
 ):
-    """Build the trainer for `kind` ('sft' | 'dpo' | 'causal_lm') with the LLRD mixin installed and the run's plan."""
+    """Build the trainer for `kind` ('sft' | 'dpo' | 'kto' | 'causal_lm') with the LLRD mixin and the run's plan."""
     conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
     common = dict(
         args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
@@ -27,6 +27,11 @@ def build_trainer(
         from trl import DPOTrainer
 
         cls = type("LLRDDPOTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_plan": plan})
+        trainer = cls(model=model, ref_model=ref_model, **common)
+    elif kind == "kto":
+        from trl import KTOTrainer
+
+        cls = type("LLRDKTOTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, KTOTrainer), {"llrd_plan": plan})
         trainer = cls(model=model, ref_model=ref_model, **common)
     else:
         from transformers import Trainer, default_data_collator

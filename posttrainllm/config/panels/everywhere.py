@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from posttrainllm.config.checks import (
-    ALL_COMMANDS,
-)
+from posttrainllm.config.checks import ALL_COMMANDS, TRAINING
 from posttrainllm.config.opt import Opt
 
 EVERYWHERE: tuple[Opt, ...] = (
@@ -13,7 +11,7 @@ EVERYWHERE: tuple[Opt, ...] = (
         str,
         None,
         "YAML recipe: keys are these option names; command-line flags override it.",
-        ALL_COMMANDS[:4] + ("eval",),
+        TRAINING + ("eval",),
         metavar="FILE",
         panel="Run",
         recipe=False,

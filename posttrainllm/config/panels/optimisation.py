@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
+    DPO_LOSS_TYPES,
     POST_TRAINING,
     PRECISIONS,
     REPORT_TO,
@@ -23,7 +24,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         "lr",
         float,
         None,
-        "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo, 5e-4 pretrain.",
+        "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo/kto, 5e-4 pretrain.",
         TRAINING,
         positive,
         "FLOAT",
@@ -85,7 +86,38 @@ OPTIMISATION: tuple[Opt, ...] = (
         "N",
     ),
     Opt("seed", int, 42, "Random seed (0 to 2**32 - 1).", TRAINING + ("generate",), seed_range, "N"),
-    Opt("beta", float, 0.1, "DPO β (strength of the KL penalty to the reference model).", ("dpo",), positive, "FLOAT"),
+    Opt(
+        "beta",
+        float,
+        0.1,
+        "DPO / KTO β (strength of the KL penalty to the reference model).",
+        ("dpo", "kto"),
+        positive,
+        "FLOAT",
+    ),
+    Opt(
+        "loss_type",
+        list,
+        ["sigmoid"],
+        "DPO loss (TRL's loss_type): sigmoid (DPO), ipo, hinge, robust (label smoothing: --trainer-arg "
+        "label_smoothing=0.1), apo_zero, sppo_hard, ... Several (repeatable or comma-separated, e.g. sigmoid,sft) "
+        "are summed, weighted by --loss-weights.",
+        ("dpo",),
+        one_of(DPO_LOSS_TYPES),
+        "NAME",
+        split=True,
+    ),
+    Opt(
+        "loss_weights",
+        list,
+        None,
+        "Weights of the --loss-type losses, one per loss in the same order (e.g. 0.8,0.2; default: 1 each).",
+        ("dpo",),
+        non_negative,
+        "FLOAT",
+        item=float,
+        split=True,
+    ),
     Opt(
         "precision",
         str,
