@@ -13,7 +13,7 @@ from posttrainllm.config.runconfig import _SKIP_IN_RECORD
 from posttrainllm.rundir import fingerprint
 
 runner = CliRunner()
-TRAINING_COMMANDS = ("sft", "dpo", "finetune", "pretrain")
+TRAINING_COMMANDS = ("sft", "dpo", "kto", "finetune", "pretrain")
 
 
 # ------------------------------------------------------------------ the comparison, option by option (no training)
