@@ -92,12 +92,12 @@ def runs(seeds: list[int], steps: int) -> list[dict]:
     replay = ["--replay-dataset", "{heal}", "--replay-ratio", "0.25"]
     grid.append(run("γ=0.95 + replay", "3e-4", first, [*decay, *replay], "-replay"))
     # then what the first seed's grid showed matters most: flat's best LR (1e-4) on the other seeds, layer decay at
-    # that LR on every seed, then the tied policy and replay, then the overshooting LRs, on the other seeds
+    # that LR on every seed, the tied policy, flat below its best LR, replay, then the overshooting LRs
     grid += [run("flat", "1e-4", seed) for seed in seeds[1:]]
     grid += [run("γ=0.95", "1e-4", seed, decay) for seed in seeds]
-    for seed in seeds[1:]:
-        grid.append(run("γ=0.95, tied=embedding", "3e-4", seed, tied, "-tiedemb"))
-        grid.append(run("γ=0.95 + replay", "3e-4", seed, [*decay, *replay], "-replay"))
+    grid += [run("γ=0.95, tied=embedding", "3e-4", seed, tied, "-tiedemb") for seed in seeds[1:]]
+    grid.append(run("flat", "3e-5", first))  # flat's best LR was its lowest: the frontier needs one below it
+    grid += [run("γ=0.95 + replay", "3e-4", seed, [*decay, *replay], "-replay") for seed in seeds[1:]]
     for seed in seeds[1:]:
         grid += [run("flat", "1e-3", seed), run("γ=0.95", "1e-3", seed, decay)]
     return grid
