@@ -68,7 +68,7 @@ def test_tied_embeddings_count_once_at_the_head_and_no_empty_depth_is_reported(t
     model = build_tiny_model(tok, tie_word_embeddings=True)
     model.save_pretrained(tmp_path)
     model = _load(tmp_path)
-    plan = build_param_groups(model, 1e-3, 0.5)  # tied policy "head": the shared matrix trains at the head's LR
+    plan = build_param_groups(model, 1e-3, 0.5, tied_policy="head")  # the shared matrix trains at the head's LR
     baseline = drift.Baseline(model, str(tmp_path))
     _train(model, plan.groups)
     report = drift.measure(model, baseline, plan)

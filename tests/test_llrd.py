@@ -371,7 +371,7 @@ def test_tied_matrix_follows_the_tied_policy(policy):
     assert plan.tied and plan.tied_param_name == "embed.weight" and plan.tied_policy == policy
     assert plan.tied_lr == pytest.approx(want) and plan.lr_of("embed.weight") == pytest.approx(want)
     assert [r["block"] for r in plan.rows if r["tied"]] == ["embeddings" if policy == "embedding" else "head"]
-    assert DEFAULT_TIED_POLICY == "head"
+    assert DEFAULT_TIED_POLICY == "embedding"
     assert not build_param_groups(Toy(4), BASE, 0.5).tied
 
 

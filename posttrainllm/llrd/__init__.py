@@ -47,8 +47,8 @@ How the structure is found:
   ambiguous rather than silently mis-split.
 * Wrapper prefixes (PEFT ``base_model.model.``, FSDP ``_fsdp_wrapped_module.``, activation checkpointing
   ``_checkpoint_wrapped_module.``, torch.compile ``_orig_mod.``, DDP ``module.``) are transparent.
-* A tied input/output embedding matrix gets the head's LR (``tied_policy="head"``, the default) or the
-  embeddings' (``"embedding"``).
+* A tied input/output embedding matrix gets the embeddings' LR (``tied_policy="embedding"``, the default) or the
+  head's (``"head"``).
 
 Weight decay goes to matrices only: not to biases, norm weights, 1-D tensors, nor to ViT-style token and
 position tensors (``cls_token``, ``pos_embed``, ``position_embeddings`` parameters, ... and whatever a model's

@@ -15,7 +15,7 @@ from posttrainllm.config.checks import (
     unit_interval,
 )
 from posttrainllm.config.opt import Opt
-from posttrainllm.constants import TIED_POLICIES
+from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
 
 LLRD: tuple[Opt, ...] = (
     Opt(
@@ -99,9 +99,9 @@ LLRD: tuple[Opt, ...] = (
     Opt(
         "tied_embeddings",
         str,
-        "head",
-        "LR of a tied input/output embedding matrix: 'head' (base LR, the "
-        "measured default) or 'embedding' (decayed like block 0).",
+        DEFAULT_TIED_POLICY,
+        "LR of a tied input/output embedding matrix: 'embedding' (decayed like block 0; the default, measured on a "
+        "real model) or 'head' (the base LR).",
         TRAINING,
         one_of(TIED_POLICIES),
         "POLICY",
