@@ -83,11 +83,11 @@ def runs(seeds: list[int], steps: int) -> list[dict]:
         name = f"{'flat' if not extra or extra[0] != '--llrd' else 'llrd0.95'}{tag}-lr{lr}-s{seed}"
         return dict(name=name, label=label, lr=lr, seed=seed, extra=list(extra), steps=steps)
 
-    decay = ["--llrd", "0.95"]
+    decay = ["--llrd", "0.95", "--tied-embeddings", "head"]  # the policy these runs had (the default then)
     first = seeds[0]
     grid = [run(label, "3e-4", seed, extra) for seed in seeds for label, extra in (("flat", ()), ("γ=0.95", decay))]
     grid += [run("flat", "1e-3", first), run("flat", "1e-4", first), run("γ=0.95", "1e-3", first, decay)]
-    tied = [*decay, "--tied-embeddings", "embedding"]
+    tied = ["--llrd", "0.95", "--tied-embeddings", "embedding"]
     grid.append(run("γ=0.95, tied=embedding", "3e-4", first, tied, "-tiedemb"))
     replay = ["--replay-dataset", "{heal}", "--replay-ratio", "0.25"]
     grid.append(run("γ=0.95 + replay", "3e-4", first, [*decay, *replay], "-replay"))
