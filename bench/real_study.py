@@ -96,7 +96,7 @@ def runs(seeds: list[int], steps: int) -> list[dict]:
     grid += [run("flat", "1e-4", seed) for seed in seeds[1:]]
     grid += [run("γ=0.95", "1e-4", seed, decay) for seed in seeds]
     grid += [run("γ=0.95, tied=embedding", "3e-4", seed, tied, "-tiedemb") for seed in seeds[1:]]
-    grid.append(run("flat", "3e-5", first))  # flat's best LR was its lowest: the frontier needs one below it
+    grid += [run("flat", "3e-5", seed) for seed in seeds]  # flat's best LR was its lowest: the frontier needs one below
     grid += [run("γ=0.95 + replay", "3e-4", seed, [*decay, *replay], "-replay") for seed in seeds[1:]]
     for seed in seeds[1:]:
         grid += [run("flat", "1e-3", seed), run("γ=0.95", "1e-3", seed, decay)]
