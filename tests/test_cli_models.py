@@ -10,6 +10,7 @@ from test_architectures import BASE, FAMILIES, GAMMA, N, expected_scale
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
+from posttrainllm.constants import DEFAULT_TIED_POLICY
 
 runner = CliRunner()
 CAUSAL = [f for f, (_, _, kind) in FAMILIES.items() if kind == "causal"]
@@ -83,7 +84,8 @@ def test_dry_run_param_groups_follow_the_formula(family, tokenizer, alpaca_file,
     prefixes = FAMILIES[family][1]
     for g in groups:
         for name in g["params"]:
-            assert g["lr"] == pytest.approx(BASE * expected_scale(name, prefixes, tied, "head"), rel=1e-9), (
+            want = BASE * expected_scale(name, prefixes, tied, DEFAULT_TIED_POLICY)
+            assert g["lr"] == pytest.approx(want, rel=1e-9), (
                 family,
                 name,
             )

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
+from posttrainllm.constants import DEFAULT_TIED_POLICY
 from posttrainllm.llrd import apply_freeze, build_param_groups
 
 runner = CliRunner()
@@ -69,7 +70,8 @@ def lrs(plan):
 
 CASES = {
     "full": dict(model=lambda: llama(), kw={}),
-    "tied_head": dict(model=lambda: llama(tie=True), kw={}),
+    "tied_head": dict(model=lambda: llama(tie=True), kw={"tied_policy": "head"}),
+    "tied_default": dict(model=lambda: llama(tie=True), kw={}),
     "tied_embedding": dict(model=lambda: llama(tie=True), kw={"tied_policy": "embedding"}),
     "clamp": dict(model=lambda: llama(), kw={"min_scale": 0.7}),
     "freeze": dict(model=lambda: llama(), kw={"freeze_below": 0.6}),
@@ -92,7 +94,8 @@ def test_every_lr_is_base_times_depth_scale_times_pattern_times_loraplus(case):
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert sorted(list(got) + list(frozen)) == sorted(trainable)  # each trainable parameter once: a group or frozen
     for name in trainable:
-        ds = depth_scale(name, plan.tied_param_name, kw.get("tied_policy", "head"), kw.get("min_scale", 0.0))
+        policy = kw.get("tied_policy", DEFAULT_TIED_POLICY)
+        ds = depth_scale(name, plan.tied_param_name, policy, kw.get("min_scale", 0.0))
         if ds < kw.get("freeze_below", 0.0):
             assert name in frozen, name
             continue
