@@ -116,7 +116,9 @@ def test_trainer_args_are_checked_per_command(tmp_path, text_file):
     from posttrainllm.errors import ConfigErrors
     from posttrainllm.training import check_trainer_args
 
-    assert check_trainer_args("dpo", {"loss_type": "ipo,sft"}) == {"loss_type": ["ipo", "sft"]}  # list[str] field
+    assert check_trainer_args("causal_lm", {"label_names": "a,b"}) == {"label_names": ["a", "b"]}  # list[str] field
+    with pytest.raises(ConfigErrors, match="set it with --loss-type"):
+        check_trainer_args("dpo", {"loss_type": "ipo,sft"})  # DPO's loss is a posttrainllm option
     with pytest.raises(ConfigErrors, match="not a field of TrainingArguments"):
         check_trainer_args("causal_lm", {"packing": "true"})  # an SFT field: not for finetune
 
