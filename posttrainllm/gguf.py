@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrainllm.errors import ModelError, UsageError, one_line
+from posttrainllm.rundir.layout import sha256  # noqa: F401  (gguf.sha256: bench/smollm2.py uses it)
 
 MAGIC = b"GGUF"
 SOURCE_FILE = "gguf_source.json"
@@ -144,14 +145,6 @@ def converted_dir(path: Path, root: Path | None = None) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return (root or cache_root()) / f"{path.stem}-{key}"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_source(model_dir: str | Path) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ import math
 import os
 from pathlib import Path
 
-from posttrainllm.rundir.layout import CKPT_DIR, OWN_RECORDS
+from posttrainllm.rundir.layout import CKPT_DIR, OWN_RECORDS, sha256
 
 # Settings a resumed run may change (README, "Interrupt and resume"): how long it runs, how often it saves, logs and
 # evaluates, where it reports, and run-time details that do not change what is trained.
@@ -76,15 +76,7 @@ def input_identity(spec) -> dict | None:
 def _file_identity(path: str, size: int, mtime_ns: int) -> dict:
     if size > _HASH_LIMIT:
         return {"size": size, "mtime_ns": mtime_ns}
-    return {"size": size, "sha256": _sha256(path)}
-
-
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return {"size": size, "sha256": sha256(path)}
 
 
 def _dir_identity(path: Path) -> dict:
@@ -105,7 +97,7 @@ def _dir_identity(path: Path) -> dict:
             size += st.st_size
             h.update(f"{p.relative_to(path)}\0{st.st_size}\0".encode())
             if st.st_size <= _SMALL_IN_DIR and p.is_file():
-                h.update(_sha256(p).encode())
+                h.update(sha256(p).encode())
     return {"files": files, "size": size, "listing_sha256": h.hexdigest()}
 
 

@@ -7,6 +7,7 @@ A checkpoint counts as complete only once `checkpoint-N/COMPLETE` exists and eve
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -150,3 +151,12 @@ def newest_good_checkpoint(out) -> Path | None:
     """`out`'s newest complete checkpoint, as a path under `out` as given (None when there is none)."""
     good = [d for d in checkpoint_dirs(out) if verify_checkpoint(d) is None]
     return Path(out) / good[-1].name if good else None
+
+
+def sha256(path) -> str:
+    """A file's SHA-256, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
