@@ -120,3 +120,45 @@ def test_assistant_only_loss_mask_survives_bfd_packing(tmp_path):
             segments += 1
     assert segments == 3 * len(CONVERSATIONS)
     assert len(trainer.train_dataset) < segments  # several conversations share a row
+
+
+@pytest.mark.smoke
+def test_sft_packing_trains_padding_free_rows_and_says_so(tiny_model_dir, tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from posttrainllm.cli import app
+    from posttrainllm.training import LLRDMixin
+
+    seen = []
+    original = LLRDMixin.create_optimizer
+
+    def spy(self, model=None):
+        seen.append(self)
+        return original(self, model)
+
+    monkeypatch.setattr(LLRDMixin, "create_optimizer", spy)
+    rows = [{"prompt": f"Add {i} and {i + 1}.", "completion": f" {2 * i + 1}."} for i in range(32)]
+    data = write_jsonl(tmp_path / "pc.jsonl", rows)  # ~10 tokens a row: several fit in 128
+    argv = ["sft", "--model", str(tiny_model_dir), "--dataset", str(data), "--max-steps", "2",
+            "--batch-size", "2", "--max-length", "128", "--packing"]  # fmt: skip
+    r = CliRunner().invoke(app, argv + ["--output-dir", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "best-fit decreasing" in r.output
+    trainer = seen[0]
+    assert trainer.args.packing and trainer.args.packing_strategy == "bfd" and trainer.padding_free
+    rows = trainer.train_dataset
+    assert "seq_lengths" in rows.column_names
+    n_examples = sum(len(x) for x in rows["seq_lengths"])
+    assert len(rows) < n_examples  # several examples share a row
+    assert max(len(x) for x in rows["input_ids"]) <= 128
+    batch = trainer.data_collator([rows[0], rows[1]])
+    assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1  # one row, no pad token
+    assert int((batch["position_ids"][0] == 0).sum()) == len(rows[0]["seq_lengths"]) + len(rows[1]["seq_lengths"])
+    saved = json.loads((tmp_path / "o" / "run_config.json").read_text())
+    assert saved["packing"] is True
+    # unpacked, the same run has one example per row
+    r = CliRunner().invoke(app, argv[:-1] + ["--output-dir", str(tmp_path / "u")])
+    assert r.exit_code == 0, r.output
+    assert len(seen[1].train_dataset) == n_examples and not seen[1].padding_free

@@ -56,7 +56,7 @@ def test_trainer_arg_reaches_the_trainer_and_run_config(captured_trainer, tiny_m
         alpaca_file,
         tmp_path / "o",
         "--trainer-arg",
-        "packing=true",
+        "pad_to_multiple_of=8",
         "--trainer-arg",
         "neftune_noise_alpha=5",
         "--trainer-arg",
@@ -64,11 +64,11 @@ def test_trainer_arg_reaches_the_trainer_and_run_config(captured_trainer, tiny_m
     )
     assert r.exit_code == 0, r.output
     args = captured_trainer[0].args
-    assert args.packing is True and args.neftune_noise_alpha == 5.0
+    assert args.pad_to_multiple_of == 8 and args.neftune_noise_alpha == 5.0
     assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
     saved = json.loads((tmp_path / "o" / "run_config.json").read_text())["trainer_args"]
     assert saved == {
-        "packing": True,
+        "pad_to_multiple_of": 8,
         "neftune_noise_alpha": 5.0,
         "gradient_checkpointing_kwargs": {"use_reentrant": False},
     }
@@ -88,7 +88,8 @@ def test_recipe_trainer_args_mapping_is_checked_the_same_way(tiny_model_dir, alp
         ("packin=true", "did you mean packing"),
         ("learning_rate=1e-4", "set it with --lr"),
         ("per_device_train_batch_size=4", "set it with --batch-size"),
-        ("packing=maybe", "packing=maybe: expected"),
+        ("eval_packing=maybe", "eval_packing=maybe: expected"),
+        ("packing=true", "set it with --packing"),
         ("neftune_noise_alpha=loud", "expected"),
         ("noequals", "KEY=VALUE"),
     ],

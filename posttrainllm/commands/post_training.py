@@ -148,6 +148,13 @@ def gguf_note(source: dict) -> str | None:
     return gguf.low_bit_note(source)
 
 
+def _packing_row(cfg) -> str | None:
+    if cfg.command != "sft" or not cfg.packing:
+        return None
+    row = "best-fit decreasing into rows of --max-length, padding-free (each example attends only to itself)"
+    return row + ("; the steps above count examples, packed rows are fewer" if cfg.max_steps <= 0 else "")
+
+
 def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
     """The banner's rows: what trains on what."""
     from posttrainllm import models
@@ -171,6 +178,7 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         if cfg.command == "dpo"
         else None,
         "KTO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "kto" else None,
+        "packing": _packing_row(cfg),
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,

@@ -113,7 +113,10 @@ FIRST_CLASS = {
     "assistant_only_loss": "--train-on-prompt",
 }
 # ... and the fields a first-class option sets for one kind only (SFTConfig's own loss_type stays a --trainer-arg).
-FIRST_CLASS_OF_KIND = {"dpo": {"loss_type": "--loss-type", "loss_weights": "--loss-weights"}}
+FIRST_CLASS_OF_KIND = {
+    "dpo": {"loss_type": "--loss-type", "loss_weights": "--loss-weights"},
+    "sft": {"packing": "--packing", "padding_free": "--packing"},
+}
 
 
 def _config_class(kind: str):
@@ -193,7 +196,9 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None)
     (what the loss falls on, data.apply_loss_mask)."""
     args = common_args(cfg, precision, has_eval=has_eval)
     if kind == "sft":
-        args.update(max_length=cfg.max_length, packing=False, dataset_num_proc=_num_proc(cfg))
+        args.update(max_length=cfg.max_length, packing=cfg.packing, dataset_num_proc=_num_proc(cfg))
+        if cfg.packing:  # best-fit decreasing, padding-free: per-example position ids keep the examples apart
+            args.update(packing_strategy="bfd", padding_free=True)
         if loss is not None:
             args["assistant_only_loss"] = loss.assistant_only_loss
             if loss.completion_only_loss is not None:

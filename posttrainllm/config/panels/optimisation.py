@@ -130,6 +130,15 @@ OPTIMISATION: tuple[Opt, ...] = (
     ),
     Opt("gradient_checkpointing", bool, False, "Trade compute for memory.", TRAINING),
     Opt(
+        "packing",
+        bool,
+        False,
+        "Pack several examples into each row of --max-length tokens (TRL's best-fit-decreasing packing, "
+        "padding-free): no pad tokens, each example attends only to itself (per-example position ids), the loss "
+        "mask kept. An example longer than --max-length is truncated, as without packing.",
+        ("sft",),
+    ),
+    Opt(
         "report_to",
         str,
         "none",
@@ -155,7 +164,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         {},
         "Any other SFTConfig / DPOConfig / TrainingArguments field, checked "
         "against the installed version (repeatable, e.g. --trainer-arg "
-        "packing=true; recipe key trainer_args: a mapping).",
+        "neftune_noise_alpha=5; recipe key trainer_args: a mapping).",
         TRAINING,
         metavar="KEY=VALUE",
         flag="--trainer-arg",
