@@ -22,7 +22,6 @@ validation rows with `posttrainllm eval --sft-dataset` (mean completion-token lo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -65,7 +64,6 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length) -> None:
         return b
 
     trainer.data_collator = counting
-    trainer.train_dataset  # noqa: B018 - prepared in __init__
     t0 = time.perf_counter()
     metrics = trainer.train().metrics
     train_s = time.perf_counter() - t0
@@ -266,5 +264,4 @@ def report(r: dict, a) -> str:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

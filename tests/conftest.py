@@ -112,6 +112,22 @@ def alpaca_file(tmp_path):
 
 
 @pytest.fixture
+def captured_trainer(monkeypatch):
+    """The trainers whose create_optimizer ran in this test, in order (the LLRD hook, spied on)."""
+    from posttrainllm.training import LLRDMixin
+
+    seen = []
+    original = LLRDMixin.create_optimizer
+
+    def spy(self, model=None):
+        seen.append(self)
+        return original(self, model)
+
+    monkeypatch.setattr(LLRDMixin, "create_optimizer", spy)
+    return seen
+
+
+@pytest.fixture
 def preference_file(tmp_path):
     rows = [{"prompt": f"Say {i}.", "chosen": f"{i}", "rejected": f"no {i + 3} maybe"} for i in range(32)]
     return write_jsonl(tmp_path / "prefs.jsonl", rows)

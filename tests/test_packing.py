@@ -123,22 +123,14 @@ def test_assistant_only_loss_mask_survives_bfd_packing(tmp_path):
 
 
 @pytest.mark.smoke
-def test_sft_packing_trains_padding_free_rows_and_says_so(tiny_model_dir, tmp_path, monkeypatch):
+def test_sft_packing_trains_padding_free_rows_and_says_so(captured_trainer, tiny_model_dir, tmp_path):
     import json
 
     from typer.testing import CliRunner
 
     from posttrainllm.cli import app
-    from posttrainllm.training import LLRDMixin
 
-    seen = []
-    original = LLRDMixin.create_optimizer
-
-    def spy(self, model=None):
-        seen.append(self)
-        return original(self, model)
-
-    monkeypatch.setattr(LLRDMixin, "create_optimizer", spy)
+    seen = captured_trainer
     rows = [{"prompt": f"Add {i} and {i + 1}.", "completion": f" {2 * i + 1}."} for i in range(32)]
     data = write_jsonl(tmp_path / "pc.jsonl", rows)  # ~10 tokens a row: several fit in 128
     argv = ["sft", "--model", str(tiny_model_dir), "--dataset", str(data), "--max-steps", "2",

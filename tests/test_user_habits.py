@@ -12,21 +12,6 @@ from posttrainllm.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture
-def captured_trainer(monkeypatch):
-    from posttrainllm.training import LLRDMixin
-
-    seen = []
-    original = LLRDMixin.create_optimizer
-
-    def spy(self, model=None):
-        seen.append(self)
-        return original(self, model)
-
-    monkeypatch.setattr(LLRDMixin, "create_optimizer", spy)
-    return seen
-
-
 def _sft(model, data, out, *extra):
     return runner.invoke(
         app,
