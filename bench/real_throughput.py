@@ -38,7 +38,10 @@ LR = 2e-5
 
 
 def trl_worker(model_dir, dataset, out, steps, batch, max_length) -> None:
-    """The bare TRL script with TRL's defaults (no packing), counting the tokens its collator pads."""
+    """The bare TRL script with TRL's defaults (no packing), counting the tokens its collator pads. Two of
+    SFTConfig's defaults differ from posttrainllm's and are set to ours, so that both run the same arithmetic: bf16
+    (TRL's default, autocast on a CPU; posttrainllm's `auto` is fp32 on a CPU without bf16 units) and activation
+    checkpointing (TRL's default on; posttrainllm's --gradient-checkpointing off)."""
     import time
 
     import torch
@@ -52,6 +55,7 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length) -> None:
     args = SFTConfig(
         output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_length=max_length, learning_rate=LR,
         optim="adamw_torch", seed=42, report_to=[], save_strategy="no", logging_steps=10, use_cpu=True,
+        bf16=False, activation_checkpointing=False,
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     fed = {"positions": 0, "real": 0}
