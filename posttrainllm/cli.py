@@ -169,6 +169,29 @@ _register(
     _main_of("kto"),
 )
 _register(
+    "reward",
+    "Train a reward model with TRL's RewardTrainer: a score head on the model, learnt from preference pairs "
+    "(the data of dpo).",
+    _main_of("reward"),
+)
+_register(
+    "grpo",
+    "Online RL with TRL's GRPOTrainer: sample completions of your prompts, score them with rewards (regex, exact "
+    "match or --reward-fn), learn from each group's relative rewards.",
+    _main_of("grpo"),
+)
+_register(
+    "rloo",
+    "Online RL with TRL's RLOOTrainer (REINFORCE leave-one-out): prompts and rewards as grpo.",
+    _main_of("rloo"),
+)
+_register(
+    "distill",
+    "On-policy distillation with TRL's DistillationTrainer: the model completes your prompts and learns the "
+    "--teacher's next-token distribution on them.",
+    _main_of("distill"),
+)
+_register(
     "finetune",
     "Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
     _main_of("finetune"),

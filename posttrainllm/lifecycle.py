@@ -26,7 +26,10 @@ from posttrainllm.errors import TrainingError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 
-TRAINER_KIND = {"sft": "sft", "dpo": "dpo", "kto": "kto", "finetune": "causal_lm", "pretrain": "causal_lm"}
+TRAINER_KIND = {
+    "sft": "sft", "dpo": "dpo", "kto": "kto", "reward": "reward", "grpo": "grpo", "rloo": "rloo",
+    "distill": "distill", "finetune": "causal_lm", "pretrain": "causal_lm",
+}  # fmt: skip
 
 
 @dataclass
@@ -45,6 +48,8 @@ class Setup:
     ref_model: Any = None
     model_path: str | None = None
     after_plan: Callable[[Any], None] | None = None  # run_dir -> None: what to write once the plan is shown
+    reward_funcs: list | None = None  # grpo / rloo: the rewards the trainer scores completions with
+    teacher: Any = None  # distill: the teacher model (frozen, never in the optimizer)
 
 
 @dataclass
@@ -222,6 +227,8 @@ def train_and_finalize(s: Setup, precision: str, resume_from, run_dir, before) -
         ref_model=s.ref_model,
         callbacks=[signals.make_callback(guard)],
         loss=s.prepared.loss,
+        reward_funcs=s.reward_funcs,
+        teacher=s.teacher,
     )
     if cfg.report_to in ("tensorboard", "all"):
         run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/

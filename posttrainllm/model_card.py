@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+_PIPELINE_TAG = {"reward": "text-classification"}  # a reward model scores text; every other command generates it
+
 
 def _is_hub_id(ref: str) -> bool:
     return not Path(ref).expanduser().exists() and ref.count("/") <= 1 and not ref.startswith((".", "/", "~"))
@@ -37,7 +39,7 @@ def render(
     if hub_base:
         front.append(f"base_model: {hub_base}")
     front += (
-        ["library_name: transformers", "pipeline_tag: text-generation", "tags:"]
+        ["library_name: transformers", f"pipeline_tag: {_PIPELINE_TAG.get(command, 'text-generation')}", "tags:"]
         + [f"- {t}" for t in tags]
         + ["---", ""]
     )

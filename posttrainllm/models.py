@@ -251,14 +251,17 @@ def load_model(
     fine_tune: bool = False,
     allow_new_weights: bool = False,
     notes: list[str] | None = None,
+    reward_head: bool = False,
 ):
     """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors.
+    `reward_head`: AutoModelForSequenceClassification with one output (a reward model): its score head is new, and
+    the checkpoint's LM head goes unused, which the notes say (any other mismatch is reported as usual).
     `model_args` (checked by check_model_args) are passed on to from_pretrained. The config is checked against
     the safetensors headers first (posttrainllm/weights.py: an absurd block count is refused, and for a model to
     `fine_tune` any block count the weights do not hold); for a model to `fine_tune`, missing or unused weights
     are a ModelError unless `allow_new_weights` (then `notes` name them)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from posttrainllm import weights
 
@@ -268,10 +271,11 @@ def load_model(
     bf16 = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     dtype = {"fp32": torch.float32, "bf16": bf16, "fp16": torch.float32}[precision]
     kwargs = {"dtype": dtype, **(model_args or {})}
+    auto = AutoModelForSequenceClassification if reward_head else AutoModelForCausalLM
+    if reward_head:
+        kwargs["num_labels"] = 1
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            ref, trust_remote_code=trust_remote_code, output_loading_info=True, **kwargs
-        )
+        model, info = auto.from_pretrained(ref, trust_remote_code=trust_remote_code, output_loading_info=True, **kwargs)
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise UsageError(f"{ref} contains custom code; re-run with --trust-remote-code if you trust it") from e
@@ -279,6 +283,10 @@ def load_model(
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"cannot load model {ref}: {one_line(e)}") from e
     if fine_tune and not (Path(ref).expanduser() / "adapter_config.json").is_file():  # an adapter: the base is absent
+        if reward_head:
+            info, head_notes = weights.reward_head_keys(model, info)
+            if notes is not None:
+                notes.extend(head_notes)
         found = weights.check_loaded(ref, info, allow_new_weights=allow_new_weights, what=what)
         if notes is not None:
             notes.extend(found)
@@ -307,6 +315,10 @@ def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
     return _config_int(
         ref, trust_remote_code, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
     )
+
+
+def vocab_size(ref: str, trust_remote_code: bool = False) -> int | None:
+    return _config_int(ref, trust_remote_code, ("vocab_size",))
 
 
 def num_layers(ref: str, trust_remote_code: bool = False) -> int | None:

@@ -78,7 +78,7 @@ def clamp_max_length(cfg, limit: int | None):
     """--max-length above the model's positions would crash models with learned position embeddings: clamp it
     (with a note when the user asked for more; the default simply becomes the model's limit). Returns the
     (possibly new) config and the notes."""
-    if limit is None or cfg.max_length <= limit:
+    if limit is None or cfg.max_length is None or cfg.max_length <= limit:
         return cfg, []
     asked = cfg.sources.get("max_length") != "default"
     note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"

@@ -161,5 +161,17 @@ def check_loaded(ref: str, info: dict, *, allow_new_weights: bool, what: str = "
     return [f"--allow-new-weights: {p}" for p in parts]
 
 
+def reward_head_keys(model, info: dict) -> tuple[dict, list[str]]:
+    """A causal-LM checkpoint loaded as a reward model (sequence classification, one output): its new score head
+    and the LM head it no longer uses are expected. Returns the loading info without them, and the note that says
+    so; any other missing or unused weight is still reported by `check_loaded`."""
+    head = [n for n, _ in model.named_parameters() if n.split(".")[0] in ("score", "classifier")]
+    missing = [k for k in info.get("missing_keys") or () if k not in head]
+    unexpected = [k for k in info.get("unexpected_keys") or () if not k.startswith(("lm_head.", "embed_out."))]
+    n_new = sum(p.numel() for n, p in model.named_parameters() if n in head)
+    notes = [f"reward model: a new score head ({', '.join(head) or 'none found'}, {n_new} weights) starts random"]
+    return {**info, "missing_keys": missing, "unexpected_keys": unexpected}, notes
+
+
 def _few(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (f", … (+{len(names) - n})" if len(names) > n else "")

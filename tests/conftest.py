@@ -96,6 +96,20 @@ def tiny_model_dir(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="session")
+def teacher_model_dir(tmp_path_factory, tiny_model_dir):
+    """distill's teacher: a 6-block model with tiny_model_dir's tokenizer (so the same vocabulary), other weights."""
+    import torch
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(1)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    d = tmp_path_factory.mktemp("teacher")
+    build_tiny_model(tok, n_layers=6).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -141,6 +155,14 @@ def unpaired_file(tmp_path):
         for i in range(32)
     ]
     return write_jsonl(tmp_path / "kto.jsonl", rows)
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    """grpo / rloo prompt data: a prompt and a verifiable answer per row (in `answer` and, as DeepMath names it,
+    `solution`)."""
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1), "solution": str(i + 1)} for i in range(16)]
+    return write_jsonl(tmp_path / "prompts.jsonl", rows)
 
 
 @pytest.fixture

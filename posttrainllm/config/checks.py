@@ -8,10 +8,17 @@ import re
 from collections.abc import Callable
 
 from posttrainllm.errors import shorten
+from posttrainllm.rewards import spec_problem
 
-POST_TRAINING = ("sft", "dpo", "kto", "finetune")  # start from a model
+ONLINE_RL = ("grpo", "rloo")  # learn from completions the model samples and rewards score
+SAMPLING = ONLINE_RL + ("distill",)  # train on completions the model samples during training
+POST_TRAINING = ("sft", "dpo", "kto", "reward", "finetune") + SAMPLING  # start from a model
+LANGUAGE_MODELS = tuple(c for c in POST_TRAINING if c != "reward")  # train a causal LM (reward: a scorer)
+OFFLINE_DATA = ("sft", "dpo", "kto", "reward", "finetune", "pretrain")  # train on the dataset's own text
 TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
-ALL_COMMANDS = ("pretrain", "sft", "dpo", "kto", "finetune", "eval", "generate", "demo")
+ALL_COMMANDS = (
+    "pretrain", "sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "eval", "generate", "demo",
+)  # fmt: skip
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
@@ -97,6 +104,22 @@ def lr_factor(item):
         if math.isfinite(factor) and factor >= 0
         else f"factor of {shorten(pattern, 60)!r} must be a finite number >= 0 (0 freezes)"
     )
+
+
+def regex(v):
+    try:
+        re.compile(v)
+    except re.error as e:
+        return f"is not a valid regular expression ({e})"
+    return None
+
+
+def reward_fn_spec(v):
+    return spec_problem(v)  # the form only: nothing of the user's is imported here
+
+
+def at_least_two(v):
+    return None if v >= 2 else "must be 2 or more (the rewards of a group of completions are compared)"
 
 
 def positive_int(v):

@@ -14,7 +14,7 @@ END = "<!-- options:end -->"
 
 
 def _commands(commands: tuple[str, ...]) -> str:
-    for group, name in ((ALL_COMMANDS, "all"), (TRAINING, "training"), (POST_TRAINING, "sft, dpo, kto, finetune")):
+    for group, name in ((ALL_COMMANDS, "all"), (TRAINING, "training"), (POST_TRAINING, "post-training")):
         if set(commands) == set(group):
             return name
     return ", ".join(c for c in ALL_COMMANDS if c in commands)

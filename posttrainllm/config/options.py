@@ -14,9 +14,12 @@ from posttrainllm.config.panels.inputs import INPUTS
 from posttrainllm.config.panels.llrd import LLRD
 from posttrainllm.config.panels.lora import LORA
 from posttrainllm.config.panels.optimisation import OPTIMISATION
+from posttrainllm.config.panels.rl import ONLINE
 from posttrainllm.config.panels.run import RUN_CONTROL
 
-OPTIONS: tuple[Opt, ...] = INPUTS + LLRD + OPTIMISATION + LORA + FORGETTING + RUN_CONTROL + EVAL + GENERATE + EVERYWHERE
+OPTIONS: tuple[Opt, ...] = (
+    INPUTS + LLRD + OPTIMISATION + ONLINE + LORA + FORGETTING + RUN_CONTROL + EVAL + GENERATE + EVERYWHERE
+)
 RECIPE_KEYS = {o.recipe_key for o in OPTIONS} | {k for o in OPTIONS for k in o.deprecated}
 
 # options whose meaning differs for one command
@@ -31,8 +34,19 @@ EVAL_MODEL = Opt(
     panel="Inputs",
 )
 
-COMMAND_DEFAULT_LR = {"sft": 2e-5, "finetune": 2e-5, "dpo": 5e-7, "kto": 5e-7, "pretrain": 5e-4}
-COMMAND_DEFAULT_MAX_LENGTH = {"sft": 512, "dpo": 512, "kto": 512, "finetune": 512, "pretrain": 256, "eval": 512}
+COMMAND_DEFAULT_LR = {
+    "sft": 2e-5, "finetune": 2e-5, "dpo": 5e-7, "kto": 5e-7, "reward": 1e-5, "grpo": 1e-6, "rloo": 1e-6,
+    "distill": 1e-5,
+    "pretrain": 5e-4,
+}  # fmt: skip
+# options whose default depends on the command (TRL's defaults for β; generate is greedy, RL must sample)
+COMMAND_DEFAULTS = {
+    "beta": {"dpo": 0.1, "kto": 0.1, "grpo": 0.0, "rloo": 0.05, "distill": 1.0},
+    "temperature": {"generate": 0.0, "grpo": 1.0, "rloo": 1.0, "distill": 1.0},
+}
+COMMAND_DEFAULT_MAX_LENGTH = {
+    "sft": 512, "dpo": 512, "kto": 512, "reward": 512, "finetune": 512, "pretrain": 256, "eval": 512,
+}  # fmt: skip
 
 
 DEMO_OUTPUT = Opt(

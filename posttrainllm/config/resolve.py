@@ -7,10 +7,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.config.checks import TRAINING
+from posttrainllm.config.checks import ONLINE_RL, TRAINING
 from posttrainllm.config.coerce import option_value, quote
 from posttrainllm.config.opt import Opt
-from posttrainllm.config.options import COMMAND_DEFAULT_LR, COMMAND_DEFAULT_MAX_LENGTH, RECIPE_KEYS, options_for
+from posttrainllm.config.options import (
+    COMMAND_DEFAULT_LR,
+    COMMAND_DEFAULT_MAX_LENGTH,
+    COMMAND_DEFAULTS,
+    RECIPE_KEYS,
+    options_for,
+)
 from posttrainllm.config.recipe import load_recipe
 from posttrainllm.config.runconfig import RunConfig
 from posttrainllm.errors import ConfigErrors, shorten
@@ -90,6 +96,9 @@ def _command_defaults(command: str, values: dict) -> None:
         values["output_dir"] = default_output_dir(command, source)
     if "max_length" in values and values.get("max_length") is None:
         values["max_length"] = COMMAND_DEFAULT_MAX_LENGTH[command]
+    for name, by_command in COMMAND_DEFAULTS.items():
+        if name in values and values.get(name) is None:
+            values[name] = by_command[command]
 
 
 def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = None) -> RunConfig:
@@ -144,6 +153,14 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
     problems += _loss_checks(v)
+    if command in ("dpo", "kto") and v.get("beta") is not None and v["beta"] <= 0:
+        problems.append(f"--beta must be > 0 for {command} (β = 0 removes the preference signal), got {v['beta']:g}")
+    if command in ONLINE_RL:
+        problems += _online_checks(command, v)
+    if command == "distill" and v.get("beta") is not None and not 0 <= v["beta"] <= 1:
+        problems.append(f"--beta for distill is the divergence's mix and must be in [0, 1], got {v['beta']:g}")
+    if command == "distill" and v.get("temperature") is not None and v["temperature"] <= 0:
+        problems.append("--temperature must be > 0 for distill (it divides the logits of both models)")
     if command == "kto" and (v.get("batch_size") or 0) < 2:
         problems.append(
             "kto needs --batch-size 2 or more: TRL estimates KTO's KL term from the other completions of the batch"
@@ -156,7 +173,16 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append(f"--prompts: {v['prompts']} does not exist")
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
-    for key in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "ref_model", "model", "reference"):
+    for key in (
+        "dataset",
+        "eval_dataset",
+        "replay_dataset",
+        "sft_dataset",
+        "ref_model",
+        "model",
+        "reference",
+        "teacher",
+    ):
         path = v.get(key)
         if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")
@@ -170,6 +196,45 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
         if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
             problems.append(f"text file not found: {shorten(path)}")
+    return problems
+
+
+def _online_checks(command: str, v: dict[str, Any]) -> list[str]:
+    """grpo / rloo: at least one reward, one weight per reward, groups that fit the batch, varied samples."""
+    problems = []
+    n_rewards = len(v.get("reward_regex") or []) + bool(v.get("reward_match")) + len(v.get("reward_fn") or [])
+    if n_rewards == 0:
+        problems.append(
+            f"{command} needs a reward: --reward-regex REGEX, --reward-match COLUMN and/or --reward-fn "
+            "module:function (each repeatable but the match)"
+        )
+    weights = v.get("reward_weights")
+    if weights is not None and n_rewards and len(weights) != n_rewards:
+        problems.append(
+            f"--reward-weights has {len(weights)} weight(s) for {n_rewards} reward(s): give one per reward, in the "
+            "order regexes, match, functions"
+        )
+    if v.get("answer_pattern") and not v.get("reward_match"):
+        problems.append("--answer-pattern goes with --reward-match COLUMN (it finds the answer to compare)")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_step, groups = (v.get("batch_size") or 1) * (v.get("grad_accum") or 1) * world, v.get("num_generations") or 2
+    if per_step % groups:
+        problems.append(
+            f"--batch-size × --grad-accum{' × ranks' if world > 1 else ''} = {per_step} completions per step is not a "
+            f"multiple of --num-generations {groups}: each prompt's {groups} completions are scored together; "
+            f"e.g. --batch-size {groups * max(1, round(per_step / groups))}"
+        )
+    has_eval = bool(v.get("eval_split") or v.get("eval_dataset"))
+    if has_eval and ((v.get("batch_size") or 1) * world) % groups:
+        problems.append(
+            f"with an eval set, --batch-size{' × ranks' if world > 1 else ''} must be a multiple of "
+            f"--num-generations {groups} (the eval batch holds whole groups)"
+        )
+    if v.get("temperature") is not None and v["temperature"] <= 0:
+        problems.append(
+            f"--temperature must be > 0 for {command}: greedy decoding samples the same completion {groups} times, "
+            "so the group's rewards never differ"
+        )
     return problems
 
 

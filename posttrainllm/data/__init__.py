@@ -9,6 +9,8 @@ One job per command family:
   ``{"prompt", "chosen", "rejected"}``, all strings or all message lists.
 * ``prepare_kto``  (``kto``): records -> TRL ``KTOTrainer`` rows ``{"prompt", "completion", "label"}`` (unpaired
   preference data: one completion per row, label true when it is desirable).
+* ``prepare_prompts`` (``grpo``/``rloo``): records -> ``{"prompt", other columns}``: the prompts the model completes,
+  with the columns the reward functions read.
 * ``prepare_text`` (``finetune``/``pretrain``): raw text -> fixed-length token blocks ``{"input_ids", "labels"}`` for
   transformers' ``Trainer``.
 
@@ -24,6 +26,7 @@ One module per concern:
                template leaves of a conversation at a ``--max-length``
 ``text``       raw text -> token blocks (batched tokenization, grouping in Arrow); text batches for tokenizers
 ``prepare``    ``prepare_sft`` / ``prepare_dpo`` / ``prepare_text``, splits, eval sets, ``describe``
+``prompts``    prompt data for online RL: the prompt of each row, its other columns kept for the rewards
 ``replay``     replay mixing for sft rows and token blocks, datasets and streams
 ============== ======================================================================================================
 
@@ -42,6 +45,7 @@ from .formats import (
 )
 from .loss_mask import LossMask, apply_loss_mask
 from .prepare import PreparedData, describe, label_note, prepare_dpo, prepare_kto, prepare_sft, prepare_text
+from .prompts import check_reward_columns, prepare_prompts
 from .reading import load, read_records
 from .replay import mix_replay
 from .text import iter_texts, load_texts
@@ -66,6 +70,8 @@ __all__ = [
     "prepare_sft",
     "prepare_dpo",
     "prepare_kto",
+    "prepare_prompts",
+    "check_reward_columns",
     "label_note",
     "prepare_text",
     "describe",

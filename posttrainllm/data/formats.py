@@ -106,6 +106,7 @@ EMPTY_PAIR = "empty chosen or rejected"
 TOO_LONG_PROMPT = "prompt fills --max-length"
 NULL_TEXT = "null or NaN text"
 NO_LABEL = "null label"
+EMPTY_PROMPT = "empty prompt"
 REASON_TEXT = {
     EMPTY_RECORD: "empty",
     EMPTY_COMPLETION: "empty completion",
@@ -116,6 +117,7 @@ REASON_TEXT = {
     TOO_LONG_PROMPT: "prompt ≥ --max-length, no completion token left",
     NULL_TEXT: "null/NaN text",
     NO_LABEL: "no label",
+    EMPTY_PROMPT: "empty prompt",
 }
 # The columns that say a record has a format's shape, and the text columns a record of it cannot do without (a null
 # or NaN there makes the record degenerate: dropped and counted, never the text "nan").

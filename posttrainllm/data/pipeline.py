@@ -27,16 +27,19 @@ def data_options(cfg) -> dict:
 
 
 def prepare(cfg, tokenizer):
-    """sft / dpo / finetune data: the command's shape, replay mixed in, then (sft) the loss mask."""
+    """sft / dpo / kto / reward / grpo / rloo / finetune data: the command's shape, replay mixed in, then (sft) the loss
+    mask."""
     from posttrainllm import data
 
     common = data_options(cfg)
     if cfg.command == "sft":
         prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
-    elif cfg.command == "dpo":
+    elif cfg.command in ("dpo", "reward"):  # a reward model learns from the same preference pairs
         prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
     elif cfg.command == "kto":
         prepared = data.prepare_kto(cfg.dataset, tokenizer, **common)
+    elif cfg.command in ("grpo", "rloo", "distill"):
+        prepared = data.prepare_prompts(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
     if cfg.replay_dataset:

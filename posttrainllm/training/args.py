@@ -112,10 +112,19 @@ FIRST_CLASS = {
     "overwrite_output_dir": "--overwrite",
     "assistant_only_loss": "--train-on-prompt",
 }
+_ONLINE_OWNED = {
+    "num_generations": "--num-generations",
+    "max_completion_length": "--max-completion-length",
+    "temperature": "--temperature",
+    "reward_weights": "--reward-weights",
+    "trust_remote_code": "--trust-remote-code",
+}
 # ... and the fields a first-class option sets for one kind only (SFTConfig's own loss_type stays a --trainer-arg).
 FIRST_CLASS_OF_KIND = {
     "dpo": {"loss_type": "--loss-type", "loss_weights": "--loss-weights"},
     "sft": {"packing": "--packing", "padding_free": "--packing"},
+    **dict.fromkeys(("grpo", "rloo"), _ONLINE_OWNED),
+    "distill": {**_ONLINE_OWNED, "teacher_model_name_or_path": "--teacher"},
 }
 
 
@@ -132,6 +141,22 @@ def _config_class(kind: str):
         from trl import KTOConfig
 
         return KTOConfig
+    if kind == "reward":
+        from trl import RewardConfig
+
+        return RewardConfig
+    if kind == "distill":
+        from trl import DistillationConfig
+
+        return DistillationConfig
+    if kind == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig
+    if kind == "rloo":
+        from trl import RLOOConfig
+
+        return RLOOConfig
     if kind == "causal_lm":
         from transformers import TrainingArguments
 
@@ -208,6 +233,19 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None)
         args.update(loss_type=list(cfg.loss_type or ["sigmoid"]), loss_weights=cfg.loss_weights)
     elif kind == "kto":
         args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
+    elif kind == "distill":
+        args.update(
+            beta=cfg.beta, max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
+            trust_remote_code=bool(cfg.trust_remote_code),
+        )  # fmt: skip
+    elif kind == "reward":
+        args.update(max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
+    elif kind in ("grpo", "rloo"):
+        args.update(
+            beta=cfg.beta, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
+            temperature=cfg.temperature, reward_weights=cfg.reward_weights,
+            trust_remote_code=bool(cfg.trust_remote_code),
+        )  # fmt: skip
     extra = check_trainer_args(kind, cfg.trainer_args or {})
     try:
         return make_config(_config_class(kind), **{**args, **extra})

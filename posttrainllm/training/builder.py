@@ -1,4 +1,5 @@
-"""Build the trainer for a kind ('sft' | 'dpo' | 'kto' | 'causal_lm') with the mixins installed and the run's plan."""
+"""Build the trainer for a kind ('sft' | 'dpo' | 'kto' | 'grpo' | 'rloo' | 'causal_lm') with the mixins installed and
+the run's plan."""
 
 from __future__ import annotations
 
@@ -6,33 +7,63 @@ import math
 
 from posttrainllm.errors import DataError
 from posttrainllm.training.args import trainer_config
-from posttrainllm.training.mixins import DivergenceGuardMixin, EngineMixin, LLRDMixin, check_distributed_engine
+from posttrainllm.training.mixins import (
+    DivergenceGuardMixin,
+    EngineMixin,
+    LLRDMixin,
+    ResumedOrderMixin,
+    check_distributed_engine,
+)
 from posttrainllm.training.progress import _log_callbacks, interactive
+
+SAMPLING = ("grpo", "rloo", "distill")  # the kinds whose prompts go through TRL's RepeatSampler
+# The TRL trainer class of each kind; causal_lm is transformers' Trainer.
+TRL_TRAINERS = {
+    "sft": "SFTTrainer",
+    "dpo": "DPOTrainer",
+    "kto": "KTOTrainer",
+    "reward": "RewardTrainer",
+    "grpo": "GRPOTrainer",
+    "rloo": "RLOOTrainer",
+    "distill": "DistillationTrainer",
+}
 
 
 def build_trainer(
-    kind: str, cfg, *, model, tokenizer, train, eval_ds, precision: str, plan, ref_model=None, callbacks=(), loss=None
+    kind: str,
+    cfg,
+    *,
+    model,
+    tokenizer,
+    train,
+    eval_ds,
+    precision: str,
+    plan,
+    ref_model=None,
+    callbacks=(),
+    loss=None,
+    reward_funcs=None,
+    teacher=None,
 ):
-    """Build the trainer for `kind` ('sft' | 'dpo' | 'kto' | 'causal_lm') with the LLRD mixin and the run's plan."""
+    """Build the trainer for `kind` (TRL_TRAINERS, or 'causal_lm') with the LLRD mixin and the run's plan. The
+    reference model (dpo, kto), the reward functions (grpo, rloo) and the teacher (distill) are the trainer's, never
+    in the optimizer."""
     conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
     common = dict(
         args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
     )
-    if kind == "sft":
-        from trl import SFTTrainer
+    if kind in TRL_TRAINERS:
+        import trl
 
-        cls = type("LLRDSFTTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, SFTTrainer), {"llrd_plan": plan})
-        trainer = cls(model=model, **common)
-    elif kind == "dpo":
-        from trl import DPOTrainer
-
-        cls = type("LLRDDPOTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, DPOTrainer), {"llrd_plan": plan})
-        trainer = cls(model=model, ref_model=ref_model, **common)
-    elif kind == "kto":
-        from trl import KTOTrainer
-
-        cls = type("LLRDKTOTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, KTOTrainer), {"llrd_plan": plan})
-        trainer = cls(model=model, ref_model=ref_model, **common)
+        base = getattr(trl, TRL_TRAINERS[kind])
+        mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if kind in SAMPLING else ())
+        cls = type(f"LLRD{base.__name__}", (*mixins, base), {"llrd_plan": plan})
+        own = {"ref_model": ref_model} if kind in ("dpo", "kto") else {}
+        if kind in ("grpo", "rloo"):
+            own = {"reward_funcs": list(reward_funcs or [])}
+        elif kind == "distill":
+            own = {"teacher_model": teacher}
+        trainer = cls(model=model, **own, **common)
     else:
         from transformers import Trainer, default_data_collator
 

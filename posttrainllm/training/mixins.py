@@ -250,6 +250,33 @@ class DivergenceGuardMixin:
         )
 
 
+class ResumedOrderMixin:
+    """grpo / rloo / distill: TRL's RepeatSampler draws each epoch's prompt order from one generator that lives as
+    long as the process, so a run resumed in epoch k would start that generator afresh and replay epoch 1's order.
+    Here the sampler first draws (and drops) the orders of the epochs the checkpoint already trained, so a resumed
+    run sees the prompts in the order the uninterrupted one did."""
+
+    def _get_train_sampler(self, *args, **kwargs):
+        sampler = super()._get_train_sampler(*args, **kwargs)
+        generator = getattr(sampler, "generator", None)
+        if generator is None or not getattr(sampler, "shuffle", False):
+            return sampler
+        trainer = self
+
+        class _Resumed(type(sampler)):
+            def __iter__(self):
+                import torch
+
+                if not getattr(self, "_advanced", False):  # once, at the first epoch this process iterates
+                    self._advanced = True
+                    for _ in range(int(trainer.state.epoch or 0)):
+                        torch.randperm(self.num_samples, generator=self.generator)
+                return super().__iter__()
+
+        sampler.__class__ = _Resumed
+        return sampler
+
+
 def _split_by_device_mesh(groups: list[dict]) -> list[dict]:
     """Parameters on different device meshes (FSDP2 on a 2-D mesh, expert parallelism) cannot share one
     fused/foreach kernel call: give each mesh its own group, as transformers does for its own groups."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    POST_TRAINING,
+    LANGUAGE_MODELS,
     fraction_below_one,
 )
 from posttrainllm.config.opt import Opt
@@ -14,7 +14,7 @@ FORGETTING: tuple[Opt, ...] = (
         list,
         [],
         "Text file whose perplexity is measured before and after training (repeatable).",
-        POST_TRAINING,
+        LANGUAGE_MODELS,
         metavar="FILE",
         panel="Forgetting",
     ),

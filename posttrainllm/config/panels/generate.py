@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
+    SAMPLING,
     non_negative,
     one_of,
     positive_int,
@@ -33,7 +34,16 @@ GENERATE: tuple[Opt, ...] = (
         "FORMAT",
     ),
     Opt("max_new_tokens", int, 128, "Most tokens to generate per prompt.", ("generate",), positive_int, "N"),
-    Opt("temperature", float, 0.0, "Sampling temperature (0 = greedy).", ("generate",), non_negative, "T"),
+    Opt(
+        "temperature",
+        float,
+        None,
+        "Sampling temperature (0 = greedy). Default: 0 for generate, 1.0 for grpo/rloo/distill (which sample "
+        "completions to learn from; distill also softens both distributions by it).",
+        ("generate",) + SAMPLING,
+        non_negative,
+        "T",
+    ),
     Opt(
         "top_p",
         float,

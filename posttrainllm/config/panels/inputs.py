@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
+    OFFLINE_DATA,
     POST_TRAINING,
     TRAINING,
     fraction_below_one,
@@ -77,7 +78,7 @@ INPUTS: tuple[Opt, ...] = (
         "Read --dataset (and --replay-dataset) as a stream, converted as "
         "training reads it: for corpora bigger than RAM or disk. Needs "
         "--max-steps; --eval-split takes the eval rows from the head of the stream.",
-        TRAINING,
+        OFFLINE_DATA,
         panel="Inputs",
     ),
     Opt(
@@ -97,6 +98,16 @@ INPUTS: tuple[Opt, ...] = (
         "DPO / KTO reference model (default: a frozen copy of --model).",
         ("dpo", "kto"),
         metavar="PATH_OR_HUB_ID",
+        panel="Inputs",
+    ),
+    Opt(
+        "teacher",
+        str,
+        None,
+        "Teacher model for distill: a local directory, hub id or GGUF file, with the student's vocabulary.",
+        ("distill",),
+        metavar="PATH_OR_HUB_ID",
+        required=True,
         panel="Inputs",
     ),
     Opt(

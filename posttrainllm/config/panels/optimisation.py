@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from posttrainllm.config.checks import (
     DPO_LOSS_TYPES,
+    OFFLINE_DATA,
+    ONLINE_RL,
     POST_TRAINING,
     PRECISIONS,
     REPORT_TO,
@@ -24,7 +26,8 @@ OPTIMISATION: tuple[Opt, ...] = (
         "lr",
         float,
         None,
-        "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo/kto, 5e-4 pretrain.",
+        "Base learning rate (top block, head). Default: 2e-5 sft/finetune, 5e-7 dpo/kto, 1e-5 reward, "
+        "1e-6 grpo/rloo, 5e-4 pretrain.",
         TRAINING,
         positive,
         "FLOAT",
@@ -81,7 +84,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         int,
         None,
         "Maximum sequence length in tokens (default 512; pretrain 256).",
-        TRAINING + ("eval",),
+        OFFLINE_DATA + ("eval",),
         positive_int,
         "N",
     ),
@@ -89,10 +92,12 @@ OPTIMISATION: tuple[Opt, ...] = (
     Opt(
         "beta",
         float,
-        0.1,
-        "DPO / KTO β (strength of the KL penalty to the reference model).",
-        ("dpo", "kto"),
-        positive,
+        None,
+        "β, the strength of the KL penalty to the reference model. Default: 0.1 dpo/kto; 0 grpo (no reference "
+        "model is kept); 0.05 rloo (TRL's defaults). distill: the divergence, from 0 (forward KL) through 0.5 "
+        "(JSD) to 1 (reverse KL, the default).",
+        ("dpo", "kto") + ONLINE_RL + ("distill",),
+        non_negative,
         "FLOAT",
     ),
     Opt(
