@@ -15,7 +15,10 @@ during training; rotated order, median of per-repetition ratios of the trainer's
 Part "padding" (item 3): TRL's default path (no packing: each batch padded to its longest row) against
 `posttrainllm sft --packing` (best-fit-decreasing, padding-free) at the same batch size and max length. The packed
 run takes fewer steps, chosen so that both see about the same number of useful tokens; both then score the 99
-validation rows with `posttrainllm eval --sft-dataset` (mean completion-token loss). Useful tokens/s is TRL's
+validation rows with `posttrainllm eval --sft-dataset` (mean completion-token loss). A third contender,
+`--packing --batch-size 1 --grad-accum B`, feeds one packed row per forward: TRL's BFD packing is always
+padding-free, i.e. a batch of B packed rows is one flattened sequence of B × max-length tokens under a block-diagonal mask, and on a CPU (sdpa, no
+variable-length kernels) that attention costs (B·L)² rather than B·L². Useful tokens/s is TRL's
 `num_tokens` (non-pad tokens) over the train runtime; the TRL worker also counts the padded tokens it was fed.
 """
 
@@ -119,6 +122,9 @@ def run(kind, data, model_dir, root, steps, batch, max_length, env, tag) -> dict
                 "--max-length", str(max_length), "--precision", "fp32", "--save-steps", str(steps + 1000),
                 "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]  # fmt: skip
         argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"]}.get(kind, [])
+        if kind == "packed_accum":  # one packed row per forward, the same rows per step through accumulation
+            argv[argv.index("--batch-size") + 1] = "1"
+            argv += ["--packing", "--grad-accum", str(batch)]
     wall, proc = run_cmd(argv, env=env, timeout=7200)
     if kind == "trl":
         r = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG))[len(RESULT_TAG) :])
@@ -174,22 +180,28 @@ def part_padding(a, data, model_dir, root, env, log) -> dict:
     log(f"padding: {mean:.1f} tokens per example, {per_row:.1f} per packed row; TRL {a.pad_steps} steps, packed "
         f"{packed_steps} steps")  # fmt: skip
     res = {}
-    for kind, steps in (("trl", a.pad_steps), ("packed", packed_steps)):
+    kinds = a.pad_kinds.split(",")
+    for kind, steps in (("trl", a.pad_steps), ("packed", packed_steps), ("packed_accum", packed_steps)):
+        if kind not in kinds:
+            continue
         log(f"padding: {kind} ({steps} steps) ...")
         res[kind] = run(kind, data, model_dir, root, steps, a.pad_batch_size, a.pad_max_length, env, "p")
         log(f"padding: eval {kind} ...")
         res[kind]["eval_loss"] = eval_loss(res[kind]["out"], data["val"], a.pad_max_length, env)
         shutil.rmtree(res[kind].pop("out"), ignore_errors=True)
+    out = {"mean_tokens_per_example": mean, "mean_tokens_per_packed_row": per_row, "raw": res}
+    if "trl" not in res:
+        return out
     fed = res["trl"]["fed"]
-    return {
-        "mean_tokens_per_example": mean,
-        "mean_tokens_per_packed_row": per_row,
-        "trl_padded_share": 1 - fed["real"] / fed["positions"],
-        "useful_tokens_per_s_ratio": res["packed"]["tokens_per_s"] / res["trl"]["tokens_per_s"],
-        "tokens_seen_ratio": res["packed"]["num_tokens"] / res["trl"]["num_tokens"],
-        "eval_loss_difference": res["packed"]["eval_loss"] - res["trl"]["eval_loss"],
-        "raw": res,
-    }
+    out["trl_padded_share"] = 1 - fed["real"] / fed["positions"]
+    for kind in ("packed", "packed_accum"):
+        if kind in res:
+            out[kind] = {
+                "useful_tokens_per_s_ratio": res[kind]["tokens_per_s"] / res["trl"]["tokens_per_s"],
+                "tokens_seen_ratio": res[kind]["num_tokens"] / res["trl"]["num_tokens"],
+                "eval_loss_difference": res[kind]["eval_loss"] - res["trl"]["eval_loss"],
+            }
+    return out
 
 
 def main() -> None:
@@ -209,6 +221,11 @@ def main() -> None:
     p.add_argument("--pad-steps", type=int, default=16, help="padding part: TRL's steps")
     p.add_argument("--pad-batch-size", type=int, default=8, help="padding part (TRL's default per-device batch)")
     p.add_argument("--pad-max-length", type=int, default=256, help="padding part")
+    p.add_argument(
+        "--pad-kinds", default="trl,packed,packed_accum",
+        help="padding part: trl (TRL's default padded batches), packed (--packing, batch B: one flattened row of B "
+        "packed rows per forward), packed_accum (--packing --batch-size 1 --grad-accum B)",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
     a.reps = a.reps or 2
@@ -246,22 +263,23 @@ def report(r: dict, a) -> str:
             )
     if "padding" in r:
         pd, raw = r["padding"], r["padding"]["raw"]
+        share = f"; TRL default padded share {pd['trl_padded_share']:.1%}" if "trl_padded_share" in pd else ""
         lines.append(
             f"padding: batch {a.pad_batch_size}, max length {a.pad_max_length}; "
-            f"{pd['mean_tokens_per_example']:.0f} tokens per example; "
-            f"TRL default padded share {pd['trl_padded_share']:.1%}"
+            f"{pd['mean_tokens_per_example']:.0f} tokens per example{share}"
         )
-        for k in ("trl", "packed"):
-            x = raw[k]
+        for k, x in raw.items():
             lines.append(
                 f"  {k:6s} {x['steps']:3d} steps  {x['num_tokens']:7.0f} useful tokens  "
                 f"{x['tokens_per_s']:7.1f} useful tokens/s  train loss {x['train_loss']:.4f}  "
                 f"eval loss {x['eval_loss']:.4f}"
             )
-        lines.append(
-            f"  packed/TRL useful tokens/s {pd['useful_tokens_per_s_ratio']:.3f} (target ≥ 1.5); tokens seen ratio "
-            f"{pd['tokens_seen_ratio']:.3f}; eval loss packed − TRL {pd['eval_loss_difference']:+.4f}"
-        )
+        for k in ("packed", "packed_accum"):
+            if k in pd:
+                lines.append(
+                    f"  {k}/TRL useful tokens/s {pd[k]['useful_tokens_per_s_ratio']:.3f} (target ≥ 1.5); tokens seen "
+                    f"ratio {pd[k]['tokens_seen_ratio']:.3f}; eval loss {k} − TRL {pd[k]['eval_loss_difference']:+.4f}"
+                )
     m = r["machine"]
     lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']}, {m['date']}")
     return "\n".join(lines)

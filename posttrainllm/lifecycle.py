@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrainllm import banner, records
+from posttrainllm.config.options import COMMAND_DEFAULT_MAX_LENGTH
 from posttrainllm.errors import TrainingError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
@@ -155,9 +156,9 @@ def device_name() -> str:
 def ood_eval(model, tokenizer, cfg, reference=None) -> dict:
     from posttrainllm.evaluate import evaluate_files
 
-    return evaluate_files(
-        model, tokenizer, list(cfg.ood_eval), cfg.max_length, progress=is_rank0(), reference=reference
-    )
+    # grpo / rloo / distill have no --max-length: their held-out text is read in windows of eval's default length
+    window = cfg.max_length or COMMAND_DEFAULT_MAX_LENGTH["eval"]
+    return evaluate_files(model, tokenizer, list(cfg.ood_eval), window, progress=is_rank0(), reference=reference)
 
 
 def kl_reference(cfg, model_path: str | None, precision: str):

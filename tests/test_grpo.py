@@ -209,16 +209,17 @@ def _train(model, data, out, *extra, command="grpo"):
 
 @pytest.mark.smoke
 @pytest.mark.parametrize("command", ["grpo", "rloo"])
-def test_first_step_moves_each_block_by_its_lr(command, tiny_model_dir, prompt_file, reward_file, tmp_path):
+def test_first_step_moves_each_block_by_its_lr(command, tiny_model_dir, prompt_file, reward_file, text_file, tmp_path):
     """Adam's first step moves each element with a gradient by about its group's LR: max|ΔW| per block = its LR,
-    so the drift of block i over the top block is γ^(N-1-i); the groups in param_groups.json follow the formula."""
+    so the drift of block i over the top block is γ^(N-1-i); the groups in param_groups.json follow the formula;
+    the drift and forgetting reports and the model card are written as for the other commands."""
     from safetensors.torch import load_file
     from test_smoke import block_change
 
     out = tmp_path / "o"
     reward = ["--reward-fn", f"{reward_file}:low_ids"]
     _train(tiny_model_dir, prompt_file, out, *reward, "--llrd", "0.5", "--lr", "1e-3", "--max-steps", "1",
-           command=command)  # fmt: skip
+           "--ood-eval", str(text_file), command=command)  # fmt: skip
     before, after = load_file(str(tiny_model_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
     for i in range(4):
         assert block_change(before, after, i, "max") == pytest.approx(1e-3 * 0.5 ** (3 - i), rel=0.02)
@@ -226,6 +227,11 @@ def test_first_step_moves_each_block_by_its_lr(command, tiny_model_dir, prompt_f
     groups = {g["name"]: g["lr"] for g in json.loads((out / "param_groups.json").read_text())}
     assert groups["block_0"] == pytest.approx(1.25e-4) and groups["head"] == pytest.approx(1e-3)
     assert (out / "training_complete.json").is_file() and (out / "README.md").is_file()
+    results = json.loads((out / "eval_results.json").read_text())
+    drift = {d["block"]: d["drift"] for d in results["drift"]["depths"]}
+    assert 0 < drift["block_0"] < drift["block_3"]  # block 0 moved at 1/8 of block 3's LR
+    (ood,) = results["ood"].values()
+    assert ood["before"] > 0 and ood["after"] > 0 and "kl" in ood
     assert json.loads((out / "run_config.json").read_text())["command"] == command
 
 

@@ -40,7 +40,7 @@ def _logged(out: Path, key: str) -> dict[int, float]:
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("kind", ["kto", "reward", "grpo", "distill"])  # rloo: grpo's sampler and mixins
+@pytest.mark.parametrize("kind", ["kto", "reward", "grpo", "rloo", "distill"])
 def test_sigterm_then_resume_reproduces_the_losses(
     kind, tiny_model_dir, teacher_model_dir, unpaired_file, preference_file, prompts_file, tmp_path
 ):

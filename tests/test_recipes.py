@@ -23,7 +23,7 @@ def recipe_command(path: Path) -> str:
 
 def test_there_are_curated_recipes_for_each_kind():
     commands = {recipe_command(p) for p in RECIPES}
-    assert {"pretrain", "sft", "dpo", "kto", "grpo", "finetune"} <= commands
+    assert {"pretrain", "sft", "dpo", "kto", "reward", "grpo", "rloo", "distill", "finetune"} <= commands
     names = {p.name for p in RECIPES}
     assert {"alpaca-sft.yaml", "alpaca-sft-llrd.yaml"} <= names
 
@@ -39,17 +39,27 @@ def test_recipe_keys_are_valid(recipe):
 @pytest.mark.smoke
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_recipe_dry_run_with_local_stand_ins(
-    recipe, tiny_model_dir, alpaca_file, preference_file, unpaired_file, prompts_file, text_file, tmp_path
+    recipe,
+    tiny_model_dir,
+    teacher_model_dir,
+    alpaca_file,
+    preference_file,
+    unpaired_file,
+    prompts_file,
+    text_file,
+    tmp_path,
 ):
     cmd = recipe_command(recipe)
     shapes = {"sft": alpaca_file, "dpo": preference_file, "kto": unpaired_file, "finetune": text_file}
-    shapes.update(grpo=prompts_file, rloo=prompts_file)
+    shapes.update(grpo=prompts_file, rloo=prompts_file, distill=prompts_file, reward=preference_file)
     data = {**shapes, "pretrain": text_file}[cmd]
     args = [cmd, "--recipe", str(recipe), "--dataset", str(data), "--output-dir", str(tmp_path / "o"), "--dry-run"]
     if cmd != "pretrain":
         args += ["--model", str(tiny_model_dir)]
     else:
         args += ["--vocab-size", "300", "--max-length", "32"]
+    if cmd == "distill":
+        args += ["--teacher", str(teacher_model_dir)]
     if "replay_dataset" in recipe.read_text():
         args += ["--replay-dataset", str(text_file)]
     r = runner.invoke(app, args)

@@ -140,7 +140,9 @@ OPTIMISATION: tuple[Opt, ...] = (
         False,
         "Pack several examples into each row of --max-length tokens (TRL's best-fit-decreasing packing, "
         "padding-free): no pad tokens, each example attends only to itself (per-example position ids), the loss "
-        "mask kept. An example longer than --max-length is truncated, as without packing.",
+        "mask kept. An example longer than --max-length is truncated, as without packing. On a CPU use "
+        "--batch-size 1 --grad-accum B: a batch of packed rows is one flattened sequence, whose attention costs "
+        "more than the padding saved (docs/performance.md §7).",
         ("sft",),
     ),
     Opt(
