@@ -17,8 +17,9 @@ Part "padding" (item 3): TRL's default path (no packing: each batch padded to it
 run takes fewer steps, chosen so that both see about the same number of useful tokens; both then score the 99
 validation rows with `posttrainllm eval --sft-dataset` (mean completion-token loss). A third contender,
 `--packing --batch-size 1 --grad-accum B`, feeds one packed row per forward: TRL's BFD packing is always
-padding-free, i.e. a batch of B packed rows is one flattened sequence of B × max-length tokens under a block-diagonal mask, and on a CPU (sdpa, no
-variable-length kernels) that attention costs (B·L)² rather than B·L². Useful tokens/s is TRL's
+padding-free, i.e. a batch of B packed rows is one flattened sequence of B × max-length tokens under a
+block-diagonal mask, and on a CPU (sdpa, no variable-length kernels) that attention costs (B·L)² rather than B·L².
+Useful tokens/s is TRL's
 `num_tokens` (non-pad tokens) over the train runtime; the TRL worker also counts the padded tokens it was fed.
 """
 
