@@ -40,7 +40,10 @@ def _logged(out: Path, key: str) -> dict[int, float]:
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("kind", ["kto", "reward", "grpo", "rloo", "distill"])
+# One command per mechanism, for CI's time: preference pairs (kto; reward and dpo resume the same way), sampling with
+# rewards (grpo; rloo shares its sampler and mixins) and sampling with a teacher (distill). reward and rloo passed
+# this same test when it was written (2026-12-02); put them back in the list to check them again.
+@pytest.mark.parametrize("kind", ["kto", "grpo", "distill"])
 def test_sigterm_then_resume_reproduces_the_losses(
     kind, tiny_model_dir, teacher_model_dir, unpaired_file, preference_file, prompts_file, tmp_path
 ):
