@@ -128,40 +128,26 @@ FIRST_CLASS_OF_KIND = {
 }
 
 
+# Each TRL kind's trainer and config class (names in the installed `trl`); causal_lm is transformers' Trainer.
+TRL_KINDS = {
+    "sft": ("SFTTrainer", "SFTConfig"),
+    "dpo": ("DPOTrainer", "DPOConfig"),
+    "kto": ("KTOTrainer", "KTOConfig"),
+    "reward": ("RewardTrainer", "RewardConfig"),
+    "grpo": ("GRPOTrainer", "GRPOConfig"),
+    "rloo": ("RLOOTrainer", "RLOOConfig"),
+    "distill": ("DistillationTrainer", "DistillationConfig"),
+}
+
+
 def _config_class(kind: str):
-    if kind == "sft":
-        from trl import SFTConfig
-
-        return SFTConfig
-    if kind == "dpo":
-        from trl import DPOConfig
-
-        return DPOConfig
-    if kind == "kto":
-        from trl import KTOConfig
-
-        return KTOConfig
-    if kind == "reward":
-        from trl import RewardConfig
-
-        return RewardConfig
-    if kind == "distill":
-        from trl import DistillationConfig
-
-        return DistillationConfig
-    if kind == "grpo":
-        from trl import GRPOConfig
-
-        return GRPOConfig
-    if kind == "rloo":
-        from trl import RLOOConfig
-
-        return RLOOConfig
     if kind == "causal_lm":
         from transformers import TrainingArguments
 
         return TrainingArguments
-    raise ValueError(kind)  # pragma: no cover - programming error
+    import trl
+
+    return getattr(trl, TRL_KINDS[kind][1])
 
 
 def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,13 @@
-"""Build the trainer for a kind ('sft' | 'dpo' | 'kto' | 'grpo' | 'rloo' | 'causal_lm') with the mixins installed and
-the run's plan."""
+"""Build the trainer for a kind (one of args.TRL_KINDS, or 'causal_lm') with the mixins installed and the run's
+plan."""
 
 from __future__ import annotations
 
 import math
 
+from posttrainllm.config.checks import SAMPLING  # the kinds whose prompts go through TRL's RepeatSampler
 from posttrainllm.errors import DataError
-from posttrainllm.training.args import trainer_config
+from posttrainllm.training.args import TRL_KINDS, trainer_config
 from posttrainllm.training.mixins import (
     DivergenceGuardMixin,
     EngineMixin,
@@ -15,18 +16,6 @@ from posttrainllm.training.mixins import (
     check_distributed_engine,
 )
 from posttrainllm.training.progress import _log_callbacks, interactive
-
-SAMPLING = ("grpo", "rloo", "distill")  # the kinds whose prompts go through TRL's RepeatSampler
-# The TRL trainer class of each kind; causal_lm is transformers' Trainer.
-TRL_TRAINERS = {
-    "sft": "SFTTrainer",
-    "dpo": "DPOTrainer",
-    "kto": "KTOTrainer",
-    "reward": "RewardTrainer",
-    "grpo": "GRPOTrainer",
-    "rloo": "RLOOTrainer",
-    "distill": "DistillationTrainer",
-}
 
 
 def build_trainer(
@@ -45,17 +34,17 @@ def build_trainer(
     reward_funcs=None,
     teacher=None,
 ):
-    """Build the trainer for `kind` (TRL_TRAINERS, or 'causal_lm') with the LLRD mixin and the run's plan. The
+    """Build the trainer for `kind` (TRL_KINDS, or 'causal_lm') with the LLRD mixin and the run's plan. The
     reference model (dpo, kto), the reward functions (grpo, rloo) and the teacher (distill) are the trainer's, never
     in the optimizer."""
     conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
     common = dict(
         args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
     )
-    if kind in TRL_TRAINERS:
+    if kind in TRL_KINDS:
         import trl
 
-        base = getattr(trl, TRL_TRAINERS[kind])
+        base = getattr(trl, TRL_KINDS[kind][0])
         mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if kind in SAMPLING else ())
         cls = type(f"LLRD{base.__name__}", (*mixins, base), {"llrd_plan": plan})
         own = {"ref_model": ref_model} if kind in ("dpo", "kto") else {}
