@@ -110,6 +110,23 @@ def teacher_model_dir(tmp_path_factory, tiny_model_dir):
     return d
 
 
+def check_optimizer_groups(optimizer, model, lr, gamma, *, not_in=()):
+    """The trainer's optimizer follows the formula: block i at lr × γ^(N-1-i), the embeddings at block 0's LR, the
+    head at lr; it holds every trainable weight of `model` exactly once, and no weight of the models in `not_in` (a
+    reference model, a teacher). Returns the groups by name."""
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    n = model.config.num_hidden_layers
+    for i in range(n):
+        assert groups[f"block_{i}"]["lr"] == pytest.approx(lr * gamma ** (n - 1 - i)), i
+    assert groups["embeddings"]["lr"] == pytest.approx(lr * gamma ** (n - 1))
+    assert groups["head"]["lr"] == pytest.approx(lr)
+    in_optimizer = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert sorted(in_optimizer) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    for other in not_in:
+        assert not {id(p) for p in other.parameters()} & set(in_optimizer)
+    return groups
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

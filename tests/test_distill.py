@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import check_optimizer_groups
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -103,9 +104,4 @@ def test_the_teacher_is_in_no_optimizer_group(tiny_model_dir, teacher_dir, promp
         "distill", cfg, model=model, tokenizer=tok, train=D.prepare_prompts(str(prompts_file), tok).train,
         eval_ds=None, precision="fp32", plan=plan_param_groups(cfg, model), teacher=teacher,
     )  # fmt: skip
-    optimizer = trainer.create_optimizer()
-    lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
-    assert lrs["block_0"] == pytest.approx(1e-5 * 0.5**3) and lrs["head"] == pytest.approx(1e-5)
-    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    assert in_optimizer == {id(p) for p in model.parameters() if p.requires_grad}
-    assert not in_optimizer & {id(p) for p in teacher.parameters()}
+    check_optimizer_groups(trainer.create_optimizer(), model, 1e-5, 0.5, not_in=[teacher])

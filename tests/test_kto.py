@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import write_jsonl
+from conftest import check_optimizer_groups, write_jsonl
 from typer.testing import CliRunner
 
 from posttrainllm import data as D
@@ -124,15 +124,7 @@ def test_optimizer_groups_follow_the_formula_and_hold_no_reference(tiny_model_di
         "kto", cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32",
         plan=plan_param_groups(cfg, model), ref_model=ref,
     )  # fmt: skip
-    optimizer = trainer.create_optimizer()
-    lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}
-    n = model.config.num_hidden_layers
-    for i in range(n):
-        assert lrs[f"block_{i}"] == pytest.approx(1e-3 * 0.5 ** (n - 1 - i))
-    assert lrs["embeddings"] == pytest.approx(1e-3 * 0.5 ** (n - 1)) and lrs["head"] == pytest.approx(1e-3)
-    in_optimizer = [id(p) for g in optimizer.param_groups for p in g["params"]]
-    assert sorted(in_optimizer) == sorted(id(p) for p in trainer.model.parameters() if p.requires_grad)
-    assert not {id(p) for p in trainer.ref_model.parameters()} & set(in_optimizer)
+    check_optimizer_groups(trainer.create_optimizer(), trainer.model, 1e-3, 0.5, not_in=[trainer.ref_model])
 
 
 @pytest.mark.smoke

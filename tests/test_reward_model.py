@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import check_optimizer_groups
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -68,15 +69,8 @@ def test_groups_follow_the_formula_with_the_score_head_at_the_base_lr(tiny_model
     trainer = build_trainer(
         "reward", cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32", plan=plan
     )
-    optimizer = trainer.create_optimizer()
-    by_name = {g["name"]: g for g in optimizer.param_groups}
-    n = model.config.num_hidden_layers
-    for i in range(n):
-        assert by_name[f"block_{i}"]["lr"] == pytest.approx(1e-3 * 0.5 ** (n - 1 - i))
-    assert by_name["head"]["lr"] == pytest.approx(1e-3)
+    by_name = check_optimizer_groups(trainer.create_optimizer(), trainer.model, 1e-3, 0.5)
     assert any(p is model.score.weight for p in by_name["head"]["params"])
-    in_optimizer = sorted(id(p) for g in optimizer.param_groups for p in g["params"])
-    assert in_optimizer == sorted(id(p) for p in trainer.model.parameters() if p.requires_grad)
 
 
 @pytest.mark.smoke
