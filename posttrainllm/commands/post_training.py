@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 from posttrainllm import banner
+from posttrainllm.config.checks import ONLINE_RL  # the commands that sample completions and score them with rewards
 from posttrainllm.errors import UsageError
 from posttrainllm.lifecycle import Context, Setup, device_name
 from posttrainllm.planning import (
@@ -18,7 +19,6 @@ from posttrainllm.planning import (
 )
 
 PREFERENCE = ("dpo", "kto")  # the commands with a reference model we load
-ONLINE_RL = ("grpo", "rloo")  # the commands that sample completions and score them with rewards
 
 
 def setup(ctx: Context) -> Setup:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from posttrainllm.config.checks import ONLINE_RL
 from posttrainllm.config.coerce import convert
 from posttrainllm.errors import UsageError
 from posttrainllm.training.progress import interactive
@@ -123,7 +124,7 @@ _ONLINE_OWNED = {
 FIRST_CLASS_OF_KIND = {
     "dpo": {"loss_type": "--loss-type", "loss_weights": "--loss-weights"},
     "sft": {"packing": "--packing", "padding_free": "--packing"},
-    **dict.fromkeys(("grpo", "rloo"), _ONLINE_OWNED),
+    **dict.fromkeys(ONLINE_RL, _ONLINE_OWNED),
     "distill": {**_ONLINE_OWNED, "teacher_model_name_or_path": "--teacher"},
 }
 
@@ -226,7 +227,7 @@ def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None)
         )  # fmt: skip
     elif kind == "reward":
         args.update(max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
-    elif kind in ("grpo", "rloo"):
+    elif kind in ONLINE_RL:
         args.update(
             beta=cfg.beta, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
             temperature=cfg.temperature, reward_weights=cfg.reward_weights,

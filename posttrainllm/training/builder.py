@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from posttrainllm.config.checks import SAMPLING  # the kinds whose prompts go through TRL's RepeatSampler
+from posttrainllm.config.checks import ONLINE_RL, SAMPLING  # SAMPLING: the kinds using TRL's RepeatSampler
 from posttrainllm.errors import DataError
 from posttrainllm.training.args import TRL_KINDS, trainer_config
 from posttrainllm.training.mixins import (
@@ -48,7 +48,7 @@ def build_trainer(
         mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if kind in SAMPLING else ())
         cls = type(f"LLRD{base.__name__}", (*mixins, base), {"llrd_plan": plan})
         own = {"ref_model": ref_model} if kind in ("dpo", "kto") else {}
-        if kind in ("grpo", "rloo"):
+        if kind in ONLINE_RL:
             own = {"reward_funcs": list(reward_funcs or [])}
         elif kind == "distill":
             own = {"teacher_model": teacher}
