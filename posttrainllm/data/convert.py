@@ -23,7 +23,7 @@ from collections import Counter
 from ..errors import DataError
 from . import formats as F
 from .fast_convert import fast_batch
-from .reading import local_json_records, release
+from .reading import local_json_records, processes, release
 
 DROP = "_drop"
 FAST_BATCH = 10_000  # rows per vectorized pass when nothing is rewritten
@@ -225,7 +225,7 @@ def convert_dataset(ds, fmt: str, source: str, *, conversational: bool, budget=N
                 with_indices=True,
                 batch_size=MAP_BATCH,
                 remove_columns=ds.column_names,
-                num_proc=num_proc if (num_proc or 1) > 1 else None,
+                num_proc=processes(num_proc),
                 features=features,
                 desc="Converting",
             ).with_format(None)

@@ -111,7 +111,7 @@ def _load(source: str, tokenizer, max_samples, num_proc):
         batched=True,
         with_indices=True,
         batch_size=1000,
-        num_proc=num_proc if (num_proc or 1) > 1 else None,
+        num_proc=reading.processes(num_proc),
         features=features,
         desc="Reading prompts",
     )

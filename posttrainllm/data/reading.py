@@ -72,6 +72,13 @@ __all__ = [
 ]
 
 
+def processes(num_proc: int | None) -> int | None:
+    """datasets' `num_proc` for --dataset-num-proc N: None (this process) for N <= 1, since datasets 5 runs a map
+    with num_proc=1 in a worker process of its own (a second process, its own copy of the tokenizer, nothing
+    gained)."""
+    return num_proc if (num_proc or 1) > 1 else None
+
+
 @contextlib.contextmanager
 def quiet_datasets():
     """datasets logs an ERROR line for files it cannot parse; the project reports those itself, in one line."""
