@@ -156,6 +156,48 @@ def test_a_template_without_markers_is_masked_by_prefix_rendering(tmp_path, tok)
     _check(tok, prep, loss, [c["messages"] for c in CONVERSATIONS], "<|eot_id|>")
 
 
+@pytest.mark.parametrize("num_proc", [None, 1])
+def test_masking_runs_in_this_process_unless_more_processes_are_asked_for(tmp_path, tok, monkeypatch, num_proc):
+    """datasets 5 runs a map with num_proc=1 in a worker process; --dataset-num-proc 1 (the default) must not."""
+    import os
+
+    from posttrainllm.data import chat
+
+    seen: list[int] = []
+    batch = chat.AssistantSpans.batch
+
+    def spy(self, conversations, wheres):
+        seen.append(os.getpid())
+        return batch(self, conversations, wheres)
+
+    monkeypatch.setattr(chat.AssistantSpans, "batch", spy)
+    tok.chat_template = NO_MARKERS
+    prep = D.prepare_sft(str(write_jsonl(tmp_path / "chat.jsonl", CONVERSATIONS * 3)), tok, num_proc=num_proc)
+    D.apply_loss_mask(prep, tok, num_proc=num_proc)
+    assert seen and set(seen) == {os.getpid()}
+
+
+def test_spans_of_a_batch_equal_the_spans_of_each_conversation_alone(tok):
+    """One batched render/tokenize call gives each conversation what rendering it on its own gives, for
+    multi-turn conversations, one opening with the assistant, and an assistant turn in the middle."""
+    from posttrainllm.data.chat import AssistantSpans
+
+    tok.chat_template = NO_MARKERS
+    convs = [c["messages"] for c in CONVERSATIONS] + [
+        [{"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Hi."}],
+        [
+            {"role": "user", "content": "Hi."},
+            {"role": "assistant", "content": "Yes."},
+            {"role": "user", "content": "?"},
+        ],
+    ]
+    spans = AssistantSpans(tok)
+    ids, masks = spans.batch(convs, ["row"] * len(convs))
+    for conv, got_ids, got_mask in zip(convs, ids, masks):
+        want_ids, want_mask = expected_mask(tok, conv, "<|eot_id|>")
+        assert (got_ids, got_mask) == (want_ids, want_mask) == spans(conv)
+
+
 def test_a_template_that_rewrites_earlier_turns_is_an_error_not_a_silent_fallback(tmp_path, tok):
     tok.chat_template = NOT_PREFIX
     prep = D.prepare_sft(str(write_jsonl(tmp_path / "chat.jsonl", CONVERSATIONS)), tok)

@@ -47,7 +47,7 @@ def has_generation_markers(tokenizer: Any) -> bool:
 
 
 class AssistantSpans:
-    """Token ids and the assistant mask of a conversation, for any chat template, from the template itself.
+    """Token ids and the assistant mask of conversations, for any chat template, from the template itself.
 
     The conversation is rendered prefix by prefix, the way LLaMA-Factory finds its targets: for every assistant
     message k, the tokens of `messages[:k]` with the generation prompt mark where it starts, and the tokens of
@@ -55,37 +55,82 @@ class AssistantSpans:
     between (the assistant's words and the template's end-of-turn tokens) gets mask 1; system, user and tool turns
     and the role headers get 0. A template for which a prefix does not tokenize as a prefix (it rewrites earlier
     turns, or a token spans a turn boundary) cannot be masked this way: DataError, never a silent fallback.
+
+    Done a batch at a time (`batch`): every text of the batch (each conversation, and the prefix before each
+    assistant turn and through each assistant turn but the last, which is the conversation itself) is rendered in
+    one batched `apply_chat_template` call per kind and tokenized in one batched call of the Rust tokenizer, so a
+    one-turn conversation costs two renders and one tokenization of its text plus one of its prompt.
     """
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+        # Before an assistant message that opens the conversation: the generation prompt of no messages where it is
+        # a prefix of the conversation, else the top (a template that adds a default system prompt to a
+        # conversation that has none; one that cannot render no messages).
+        try:
+            self.opening = self._render([[]], True)[0]
+        except Exception:  # noqa: BLE001 - jinja raises what the template raises
+            self.opening = ""
 
-    def _ids(self, messages: list[dict], generation: bool) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def _render(self, conversations: list[list[dict]], generation: bool) -> list[str]:
+        if not conversations:
+            return []
+        return list(self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=generation))
 
     def __call__(self, messages: list[dict], where: str = "a conversation") -> tuple[list[int], list[int]]:
-        full = self._ids(messages, False)
-        mask = [0] * len(full)
-        for k, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            try:
-                start = self._ids(messages[:k], True) if k else self._ids([], True)
-            except Exception:  # noqa: BLE001 - a template that cannot render an empty conversation: from the top
-                start = []
-            end = self._ids(messages[: k + 1], False)
-            for part, what in ((start, "up to the assistant's turn"), (end, "through the assistant's turn")):
-                if full[: len(part)] != part:
-                    raise DataError(
-                        f"{where}: the chat template renders message {k + 1} in a way that makes the assistant's "
-                        f"tokens impossible to locate (the conversation {what} does not tokenize as a prefix of the "
-                        "whole conversation), so the loss cannot be limited to the assistant's words; use a chat "
-                        "template with {% generation %} markers, or pass --train-on-prompt to train on every token"
-                    )
-            for i in range(len(start), len(end)):
-                mask[i] = 1
-        return full, mask
+        ids, masks = self.batch([messages], [where])
+        return ids[0], masks[0]
+
+    def batch(self, conversations: list[list[dict]], wheres: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        """(token ids, assistant mask) of each conversation; `wheres` name them in errors."""
+        from .text import encode_batch
+
+        starts, ends = [], []  # (conversation, position in its list of assistant turns) -> prefix to render
+        turns: list[list[tuple[int, int | None, int | None]]] = []  # per conversation: (message, start, end)
+        for messages in conversations:
+            own = []
+            for k, message in enumerate(messages):
+                if message["role"] != "assistant":
+                    continue
+                start = None if k == 0 else len(starts)
+                if k:
+                    starts.append(messages[:k])
+                end = None if k + 1 == len(messages) else len(ends)
+                if end is not None:
+                    ends.append(messages[: k + 1])
+                own.append((k, start, end))
+            turns.append(own)
+        full_texts = self._render(conversations, False)
+        start_texts, end_texts = self._render(starts, True), self._render(ends, False)
+        opening = [self.opening] if any(s is None for own in turns for _, s, _ in own) else []
+        ids = encode_batch(self.tokenizer, full_texts + start_texts + end_texts + opening)
+        full_ids = ids[: len(full_texts)]
+        start_ids = ids[len(full_texts) : len(full_texts) + len(start_texts)]
+        end_ids = ids[len(full_texts) + len(start_texts) : len(ids) - len(opening)]
+        opening_ids = ids[-1] if opening else []
+        masks = []
+        for c, own in enumerate(turns):
+            full = list(full_ids[c])
+            mask = [0] * len(full)
+            for k, start, end in own:
+                if start is None:
+                    a = opening_ids if full[: len(opening_ids)] == list(opening_ids) else []
+                else:
+                    a = start_ids[start]
+                b = full if end is None else end_ids[end]
+                for part, what in ((a, "up to the assistant's turn"), (b, "through the assistant's turn")):
+                    if full[: len(part)] != list(part):
+                        raise DataError(
+                            f"{wheres[c]}: the chat template renders message {k + 1} in a way that makes the "
+                            f"assistant's tokens impossible to locate (the conversation {what} does not tokenize "
+                            "as a prefix of the whole conversation), so the loss cannot be limited to the "
+                            "assistant's words; use a chat template with {% generation %} markers, or pass "
+                            "--train-on-prompt to train on every token"
+                        )
+                mask[len(a) : len(b)] = [1] * (len(b) - len(a))
+            full_ids[c] = full
+            masks.append(mask)
+        return full_ids, masks
 
 
 def ensure_chat_template(tokenizer: Any) -> str | None:

@@ -70,15 +70,13 @@ def apply_loss_mask(
             mask = LossMask(assistant_only_loss=True)
         else:
             spans = AssistantSpans(tokenizer)
-            pairs = []
-            for i, r in enumerate(rows):
-                ids, m = spans(r["messages"], where=f"{prepared.source}: training row {i + 1}")
-                pairs.append((sum(m), len(ids)))
             prepared.train = _tokenize_conversations(prepared.train, spans, prepared.source, num_proc)
             if prepared.eval is not None:
                 prepared.eval = _tokenize_conversations(
                     prepared.eval, spans, prepared.eval_source or prepared.source, num_proc
                 )
+            masked = reading.head(prepared.train, LOSS_SAMPLE_ROWS)  # the same rows, tokenized and masked
+            pairs = [(sum(r["assistant_masks"]), len(r["input_ids"])) for r in masked]
             how = "spans found by rendering each conversation prefix by prefix"
             mask = LossMask()
         mask.description = (
@@ -105,12 +103,8 @@ def _tokenize_conversations(ds, spans, source: str, num_proc: int | None):
     """{"messages"} rows -> {"input_ids", "assistant_masks"} (batched map; lazily for a stream)."""
 
     def batch(b, idx=None):
-        ids, masks = [], []
-        for j, messages in enumerate(b["messages"]):
-            where = f"{source}: row {idx[j] + 1}" if idx is not None else source
-            i, m = spans(messages, where=where)
-            ids.append(i)
-            masks.append(m)
+        wheres = [f"{source}: row {i + 1}" for i in idx] if idx is not None else [source] * len(b["messages"])
+        ids, masks = spans.batch(b["messages"], wheres)
         return {"input_ids": ids, "assistant_masks": masks}
 
     import datasets
@@ -121,7 +115,7 @@ def _tokenize_conversations(ds, spans, source: str, num_proc: int | None):
             batched=True,
             with_indices=True,
             remove_columns=ds.column_names,
-            num_proc=num_proc,
+            num_proc=reading.processes(num_proc),
             desc="masking the assistant's turns",
         )
     return ds.map(batch, batched=True, remove_columns=["messages"])
