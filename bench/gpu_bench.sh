@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One prepared GPU run of the optimizer-step and throughput benchmarks (bf16, ~0.5-1B llama-shaped models built
-# from configs, random init, nothing downloaded). Not run yet: no GPU machine has been lent to this project.
+# from configs, random init, nothing downloaded), then the real model (SmolLM2-135M-Instruct): posttrainllm vs bare
+# TRL and packing vs TRL's padded default. Not run yet: no GPU machine has been lent to the tasks that wrote it.
 #
 #   bash bench/gpu_bench.sh [OUT_DIR]          # needs a CUDA build of torch with posttrainllm installed (pip install -e .)
+#   GGUF=SmolLM2-135M-Instruct.Q4_1.gguf bash bench/gpu_bench.sh OUT   # a machine that cannot reach the package index
 #
-# Budget: about 6-8 minutes on one H100/H200-class GPU (most of it process start-up and model building).
-# Writes OUT_DIR/{env.txt,optimizer_step.json,throughput.json} (+ .txt: the human-readable summaries).
+# Budget: about 12-16 minutes on one H100/H200-class GPU (most of it process start-up and model building).
+# Writes OUT_DIR/{env.txt,optimizer_step.json,throughput.json,real_throughput.json} (+ .txt: the summaries).
 set -euo pipefail
 OUT="${1:-${OUT:-bench-gpu-out}}"
 mkdir -p "$OUT"
@@ -33,3 +35,18 @@ timeout 420 "$PY" bench/throughput.py --json --precision bf16 --hidden 1536 --bl
     --max-length 512 --steps 40 --reps 3 --threads 0 > "$OUT/throughput.json" 2> "$OUT/throughput.txt" \
     || echo "throughput failed or timed out (rc=$?)" | tee -a "$OUT/throughput.txt"
 tail -n 12 "$OUT/throughput.txt"
+
+# 3. The real model (SmolLM2-135M-Instruct, 30 blocks, from bench/smollm2.py; GGUF=FILE puts a copy of the file in
+#    the cache it checks by SHA-256, for a machine without the package index), Alpaca, bf16:
+#    posttrainllm flat / --llrd 0.9 / bare TRL SFTTrainer (batch 8 x 512, 30 steps, 3 rotated reps), and
+#    `--packing` vs TRL's padded default in useful tokens/s with the eval loss at equal tokens seen (batch 8 x 512).
+#    It answers whether padding-free packing pays on a GPU with sdpa (on the CPU it did not at batch 8: section 7).
+if [ -n "${GGUF:-}" ]; then
+  cache="${POSTTRAINLLM_CACHE:-$HOME/.cache/posttrainllm}/smollm2"
+  mkdir -p "$cache" && cp "$GGUF" "$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+fi
+timeout 600 "$PY" bench/real_throughput.py --json --precision bf16 --steps 30 --batch-size 8 --max-length 512 \
+    --reps 3 --pad-steps 60 --pad-batch-size 8 --pad-max-length 512 --pad-kinds trl,packed --threads 4 \
+    > "$OUT/real_throughput.json" 2> "$OUT/real_throughput.txt" \
+    || echo "real_throughput failed or timed out (rc=$?)" | tee -a "$OUT/real_throughput.txt"
+tail -n 12 "$OUT/real_throughput.txt"

@@ -9,8 +9,9 @@ written once as prompt/completion JSONL with Stanford Alpaca's template, so that
 same rows and TRL tokenizes them the same way. Model: bench/smollm2.py's converted directory unless --model.
 
 Part "overhead" (issue #23 item 1): `posttrainllm sft` (flat), `posttrainllm sft --llrd 0.9` and the bare TRL script
-(bench/throughput.py's worker: what a user writes by hand), same batch, length, steps, seed, LR, fp32, no checkpoint
-during training; rotated order, median of per-repetition ratios of the trainer's samples/s and tokens/s.
+(bench/throughput.py's worker: what a user writes by hand), same batch, length, steps, seed, LR, precision
+(--precision: fp32 unless told; bf16 is for a GPU, bench/gpu_bench.sh), no checkpoint during training; rotated
+order, median of per-repetition ratios of the trainer's samples/s and tokens/s.
 
 Part "padding" (item 3): TRL's default path (no packing: each batch padded to its longest row) against
 `posttrainllm sft --packing` (best-fit-decreasing, padding-free) at the same batch size and max length. The packed
@@ -41,11 +42,12 @@ RESULT_TAG = "TRL_RESULT "
 LR = 2e-5
 
 
-def trl_worker(model_dir, dataset, out, steps, batch, max_length) -> None:
+def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp32") -> None:
     """The bare TRL script with TRL's defaults (no packing), counting the tokens its collator pads. Two of
     SFTConfig's defaults differ from posttrainllm's and are set to ours, so that both run the same arithmetic: bf16
     (TRL's default, autocast on a CPU; posttrainllm's `auto` is fp32 on a CPU without bf16 units) and activation
-    checkpointing (TRL's default on; posttrainllm's --gradient-checkpointing off)."""
+    checkpointing (TRL's default on; posttrainllm's --gradient-checkpointing off). `precision` is the run's, as
+    posttrainllm applies it: bf16 loads bf16 weights on a GPU and autocasts over fp32 weights on a CPU."""
     import time
 
     import torch
@@ -55,11 +57,13 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length) -> None:
 
     ds = load_dataset("json", data_files=dataset, split="train")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    on_gpu = torch.cuda.is_available()
+    dtype = torch.bfloat16 if precision == "bf16" and on_gpu else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     args = SFTConfig(
         output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_length=max_length, learning_rate=LR,
-        optim="adamw_torch", seed=42, report_to=[], save_strategy="no", logging_steps=10, use_cpu=True,
-        bf16=False, activation_checkpointing=False,
+        optim="adamw_torch", seed=42, report_to=[], save_strategy="no", logging_steps=10, use_cpu=not on_gpu,
+        bf16=precision == "bf16", activation_checkpointing=False,
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     fed = {"positions": 0, "real": 0}
@@ -109,18 +113,18 @@ def token_counts(model_dir: str, train: Path, max_length: int) -> tuple[float, f
     return sum(n) / len(n), sum(n) / len(packed)
 
 
-def run(kind, data, model_dir, root, steps, batch, max_length, env, tag) -> dict:
+def run(kind, data, model_dir, root, steps, batch, max_length, env, tag, precision="fp32") -> dict:
     from common import VENV_BIN, run_cmd
 
     out = root / f"{tag}_{kind}"
     if kind == "trl":
         argv = [sys.executable, __file__, "--trl-worker", model_dir, str(data["train"]), str(out), str(steps),
-                str(batch), str(max_length)]  # fmt: skip
+                str(batch), str(max_length), precision]  # fmt: skip
     else:
         exe = VENV_BIN / "posttrainllm"
         argv = [str(exe) if exe.exists() else "posttrainllm", "sft", "--model", model_dir, "--dataset",
                 str(data["train"]), "--output-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch),
-                "--max-length", str(max_length), "--precision", "fp32", "--save-steps", str(steps + 1000),
+                "--max-length", str(max_length), "--precision", precision, "--save-steps", str(steps + 1000),
                 "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]  # fmt: skip
         argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"]}.get(kind, [])
         if kind == "packed_accum":  # one packed row per forward, the same rows per step through accumulation
@@ -160,7 +164,7 @@ def part_overhead(a, data, model_dir, root, env, log, median, order_for) -> dict
     for rep in range(a.reps):
         for n in order_for(rep, names):
             log(f"overhead rep {rep + 1}/{a.reps}: {n} ...")
-            r = run(n, data, model_dir, root, a.steps, a.batch_size, a.max_length, env, f"o{rep}")
+            r = run(n, data, model_dir, root, a.steps, a.batch_size, a.max_length, env, f"o{rep}", a.precision)
             shutil.rmtree(r.pop("out"), ignore_errors=True)
             res[n].append(r)
     ratios = {}
@@ -186,7 +190,7 @@ def part_padding(a, data, model_dir, root, env, log) -> dict:
         if kind not in kinds:
             continue
         log(f"padding: {kind} ({steps} steps) ...")
-        res[kind] = run(kind, data, model_dir, root, steps, a.pad_batch_size, a.pad_max_length, env, "p")
+        res[kind] = run(kind, data, model_dir, root, steps, a.pad_batch_size, a.pad_max_length, env, "p", a.precision)
         log(f"padding: eval {kind} ...")
         res[kind]["eval_loss"] = eval_loss(res[kind]["out"], data["val"], a.pad_max_length, env)
         shutil.rmtree(res[kind].pop("out"), ignore_errors=True)
@@ -207,8 +211,8 @@ def part_padding(a, data, model_dir, root, env, log) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-worker":
-        m, d, o, s, b, L = sys.argv[2:8]
-        trl_worker(m, d, o, int(s), int(b), int(L))
+        m, d, o, s, b, L, prec = sys.argv[2:9]
+        trl_worker(m, d, o, int(s), int(b), int(L), prec)
         return
     from common import base_parser, emit, log, machine_info, median, order_for
 
@@ -228,6 +232,7 @@ def main() -> None:
         "packed rows per forward), packed_accum (--packing --batch-size 1 --grad-accum B)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="every contender's (bf16: on a GPU)")
     a = p.parse_args()
     a.reps = a.reps or 2
     model_dir = a.model or subprocess.run(
@@ -252,9 +257,8 @@ def main() -> None:
 
 
 def report(r: dict, a) -> str:
-    lines = [
-        f"model {r['model']}, fp32, OMP_NUM_THREADS={a.threads}, load at start {r['machine'].get('loadavg_at_start')}"
-    ]
+    load = r["machine"].get("loadavg_at_start")
+    lines = [f"model {r['model']}, {a.precision}, OMP_NUM_THREADS={a.threads}, load at start {load}"]
     if "overhead" in r:
         lines.append(f"overhead: {a.steps} steps × batch {a.batch_size}, max length {a.max_length}, {a.reps} reps")
         for key, v in r["overhead"]["ratios"].items():
