@@ -105,8 +105,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def pick_precision(requested: str = "auto") -> str:
-    """auto → bf16 on a GPU that supports it, fp16 on other GPUs, fp32 on CPU (bf16 autocast on CPU is opt-in:
-    `--precision bf16`; decision log 36). fp16 needs a GPU."""
+    """auto → bf16 on a GPU that supports it, fp16 on other GPUs; on a CPU, bf16 autocast over fp32 weights where
+    the CPU has bf16 instructions (AVX512-BF16 or AMX), else fp32 (decision log 37). fp16 needs a GPU."""
     import torch
 
     if requested != "auto":
@@ -115,7 +115,7 @@ def pick_precision(requested: str = "auto") -> str:
         return requested
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "fp32"
+    return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
 def precision_reason(requested: str, picked: str) -> str:
@@ -130,7 +130,9 @@ def precision_reason(requested: str, picked: str) -> str:
         return "asked for"
     if on_gpu:
         return "auto: the GPU supports bf16" if picked == "bf16" else "auto: the GPU has no bf16"
-    return "auto: fp32 on CPU; --precision bf16 for autocast"
+    if picked == "bf16":
+        return "auto: this CPU has bf16 instructions; autocast, fp32 weights; --precision fp32 for full precision"
+    return "auto: this CPU has no bf16 instructions (AVX512-BF16/AMX)"
 
 
 def precision_notes(picked: str) -> list[str]:

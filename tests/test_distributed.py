@@ -24,7 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FSDP2_CPU = ROOT / "examples" / "accelerate" / "fsdp2_cpu.yaml"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 GAMMA = 0.8
+# fp32 throughout: FSDP2 and DDP are compared to 1e-5, and `auto` is bf16 autocast on a CPU with bf16 instructions,
+# which FSDP2 applies as its own mixed-precision policy (bf16 shards), not as DDP's autocast
+FP32 = ["--precision", "fp32"]
 SFT = [
+    *FP32,
     "--llrd",
     str(GAMMA),
     "--lr",
@@ -41,6 +45,7 @@ SFT = [
     "1",
 ]
 DPO = [
+    *FP32,
     "--llrd",
     str(GAMMA),
     "--lr",

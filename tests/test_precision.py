@@ -1,4 +1,5 @@
-"""Precision: `--precision bf16` on CPU is autocast over fp32 weights; `auto` stays fp32 on CPU; fp16 needs a GPU."""
+"""Precision: `--precision bf16` on CPU is autocast over fp32 weights; `auto` is bf16 on a CPU with bf16 instructions
+and fp32 on one without (decision log 37); fp16 needs a GPU."""
 
 from __future__ import annotations
 
@@ -41,9 +42,42 @@ def test_bf16_on_cpu_trains_under_autocast_and_saves_fp32_weights(tiny_model_dir
     assert warned == (not models.cpu_has_native_bf16())
 
 
-def test_auto_is_fp32_on_cpu_with_its_reason_and_fp16_needs_a_gpu():
-    assert models.pick_precision("auto") == "fp32"
-    assert "auto" in models.precision_reason("auto", "fp32")
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_on_cpu_follows_the_cpus_bf16_instructions_and_says_why(native, monkeypatch):
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
+    picked = models.pick_precision("auto")
+    assert picked == ("bf16" if native else "fp32")
+    reason = models.precision_reason("auto", picked)
+    assert reason.startswith("auto: ")
+    assert ("has bf16 instructions" in reason) == native and ("no bf16 instructions" in reason) == (not native)
+    assert models.precision_notes(picked) == []  # auto never picks emulated bf16, so never warns
+    assert models.pick_precision("fp32") == "fp32" and models.pick_precision("bf16") == "bf16"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_banner_names_autos_pick_and_why(native, monkeypatch, tiny_model_dir, alpaca_file, tmp_path):
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
+    out = tmp_path / "run"
+    args = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out)]
+    r = runner.invoke(app, [*args, "--max-length", "64", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    picked = "bf16" if native else "fp32"
+    assert f"{picked} on cpu" in text
+    assert ("this CPU has bf16 instructions" in text) == native
+
+
+def test_auto_on_cpu_with_bf16_instructions_trains_under_autocast(monkeypatch, tiny_model_dir, alpaca_file, tmp_path):
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    text, auto = _sft(tiny_model_dir, alpaca_file, tmp_path / "auto", "auto")
+    _, bf16 = _sft(tiny_model_dir, alpaca_file, tmp_path / "bf16", "bf16")
+    _, fp32 = _sft(tiny_model_dir, alpaca_file, tmp_path / "fp32", "fp32")
+    assert auto == bf16 and auto != fp32  # the same arithmetic as an explicit --precision bf16
+    saved = load_file(str(tmp_path / "auto" / "model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+
+
+def test_fp16_needs_a_gpu():
     from posttrainllm.errors import UsageError
 
     with pytest.raises(UsageError, match="needs a GPU"):

@@ -127,8 +127,8 @@ OPTIMISATION: tuple[Opt, ...] = (
         "precision",
         str,
         "auto",
-        "auto (bf16 on GPUs that support it, else fp16 on GPU, fp32 on CPU), fp32, bf16 (on CPU too: autocast, "
-        "fp32 weights; fast only where the CPU has AVX512-BF16/AMX) or fp16 (GPU).",
+        "auto (bf16 on GPUs that support it, else fp16 on GPU; on CPU bf16 autocast where the CPU has "
+        "AVX512-BF16/AMX, else fp32), fp32, bf16 (on CPU: autocast, fp32 weights) or fp16 (GPU).",
         TRAINING,
         one_of(PRECISIONS),
         "NAME",
