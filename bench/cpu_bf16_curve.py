@@ -1,5 +1,5 @@
-"""bf16 autocast vs fp32 on a CPU with bf16 units: the loss curve over a 100-step run of the real model, the speed, and
-the fixed costs of a run (start to the first optimizer step, after the last one).
+"""bf16 autocast vs fp32 on a CPU with bf16 instructions: the loss curve over a 100-step run of the real model, the
+speed, and the fixed costs of a run (start to the first optimizer step, after the last one).
 
     python bench/cpu_bf16_curve.py [--json] [--steps 100] [--threads 2]
     python bench/cpu_bf16_curve.py --model DIR --dataset ALPACA.json       # other model / data (independent re-run)
