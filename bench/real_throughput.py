@@ -10,8 +10,9 @@ same rows and TRL tokenizes them the same way. Model: bench/smollm2.py's convert
 
 Part "overhead" (issue #23 item 1): `posttrainllm sft` (flat), `posttrainllm sft --llrd 0.9` and the bare TRL script
 (bench/throughput.py's worker: what a user writes by hand), same batch, length, steps, seed, LR, precision
-(--precision: fp32 unless told; bf16 is for a GPU, bench/gpu_bench.sh), no checkpoint during training; rotated
-order, median of per-repetition ratios of the trainer's samples/s and tokens/s.
+(--precision: fp32 unless told; bf16 for a GPU, bench/gpu_bench.sh; auto for each side's own default), no checkpoint
+during training but the one at the last step that both write; rotated order, median of per-repetition ratios of the
+trainer's samples/s and tokens/s.
 
 Part "padding" (item 3): TRL's default path (no packing: each batch padded to its longest row) against
 `posttrainllm sft --packing` (best-fit-decreasing, padding-free) at the same batch size and max length. The packed
@@ -43,11 +44,13 @@ LR = 2e-5
 
 
 def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp32") -> None:
-    """The bare TRL script with TRL's defaults (no packing), counting the tokens its collator pads. Two of
+    """The bare TRL script with TRL's defaults (no packing; TRL's default save strategy, "steps", which writes a
+    checkpoint at the last step as posttrainllm's runs do), counting the tokens its collator pads. Two of
     SFTConfig's defaults differ from posttrainllm's and are set to ours, so that both run the same arithmetic: bf16
     (TRL's default, autocast on a CPU; posttrainllm's `auto` is fp32 on a CPU without bf16 units) and activation
     checkpointing (TRL's default on; posttrainllm's --gradient-checkpointing off). `precision` is the run's, as
-    posttrainllm applies it: bf16 loads bf16 weights on a GPU and autocasts over fp32 weights on a CPU."""
+    posttrainllm applies it: bf16 loads bf16 weights on a GPU and autocasts over fp32 weights on a CPU. "auto" is
+    each side's own default instead: SFTConfig's bf16 and activation checkpointing as they come, fp32 weights."""
     import time
 
     import torch
@@ -60,10 +63,10 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp3
     on_gpu = torch.cuda.is_available()
     dtype = torch.bfloat16 if precision == "bf16" and on_gpu else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    ours = {} if precision == "auto" else {"bf16": precision == "bf16", "activation_checkpointing": False}
     args = SFTConfig(
         output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_length=max_length, learning_rate=LR,
-        optim="adamw_torch", seed=42, report_to=[], save_strategy="no", logging_steps=10, use_cpu=not on_gpu,
-        bf16=precision == "bf16", activation_checkpointing=False,
+        optim="adamw_torch", seed=42, report_to=[], logging_steps=10, use_cpu=not on_gpu, **ours,
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     fed = {"positions": 0, "real": 0}
@@ -232,7 +235,11 @@ def main() -> None:
         "packed rows per forward), packed_accum (--packing --batch-size 1 --grad-accum B)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="every contender's (bf16: on a GPU)")
+    p.add_argument(
+        "--precision", choices=["fp32", "bf16", "auto"], default="fp32",
+        help="every contender's; auto: each side's default (posttrainllm's --precision auto; TRL's SFTConfig defaults, "
+        "bf16 autocast and activation checkpointing): what a user of each gets",
+    )  # fmt: skip
     a = p.parse_args()
     a.reps = a.reps or 2
     model_dir = a.model or subprocess.run(
