@@ -50,7 +50,8 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp3
     (TRL's default, autocast on a CPU; posttrainllm's `auto` is fp32 on a CPU without bf16 units) and activation
     checkpointing (TRL's default on; posttrainllm's --gradient-checkpointing off). `precision` is the run's, as
     posttrainllm applies it: bf16 loads bf16 weights on a GPU and autocasts over fp32 weights on a CPU. "auto" is
-    each side's own default instead: SFTConfig's bf16 and activation checkpointing as they come, fp32 weights."""
+    each side's own default instead: SFTConfig's bf16, activation checkpointing and optimizer (fused AdamW) as they
+    come, fp32 weights."""
     import time
 
     import torch
@@ -63,10 +64,10 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp3
     on_gpu = torch.cuda.is_available()
     dtype = torch.bfloat16 if precision == "bf16" and on_gpu else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    ours = {} if precision == "auto" else {"bf16": precision == "bf16", "activation_checkpointing": False}
+    ours = {"bf16": precision == "bf16", "activation_checkpointing": False, "optim": "adamw_torch"}
     args = SFTConfig(
         output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_length=max_length, learning_rate=LR,
-        optim="adamw_torch", seed=42, report_to=[], logging_steps=10, use_cpu=not on_gpu, **ours,
+        seed=42, report_to=[], logging_steps=10, use_cpu=not on_gpu, **({} if precision == "auto" else ours),
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     fed = {"positions": 0, "real": 0}
@@ -238,7 +239,7 @@ def main() -> None:
     p.add_argument(
         "--precision", choices=["fp32", "bf16", "auto"], default="fp32",
         help="every contender's; auto: each side's default (posttrainllm's --precision auto; TRL's SFTConfig defaults, "
-        "bf16 autocast and activation checkpointing): what a user of each gets",
+        "bf16 autocast, activation checkpointing, fused AdamW): what a user of each gets",
     )  # fmt: skip
     a = p.parse_args()
     a.reps = a.reps or 2
