@@ -44,8 +44,9 @@ OPTIMISATION: tuple[Opt, ...] = (
     Opt(
         "optim",
         str,
-        "adamw_torch",
-        "Optimizer name as in transformers (--optim); must accept parameter groups.",
+        "adamw_torch_fused",
+        "Optimizer name as in transformers (--optim); must accept parameter groups. The default, torch's fused "
+        "AdamW (also TRL's), stepped 5x faster than adamw_torch on a 2-core CPU (docs/performance.md §1).",
         TRAINING,
         metavar="NAME",
     ),
