@@ -64,7 +64,7 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp3
     on_gpu = torch.cuda.is_available()
     dtype = torch.bfloat16 if precision == "bf16" and on_gpu else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    ours = {"bf16": precision == "bf16", "activation_checkpointing": False, "optim": "adamw_torch"}
+    ours = {"bf16": precision == "bf16", "activation_checkpointing": False}  # the optimizer: fused AdamW both
     args = SFTConfig(
         output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_length=max_length, learning_rate=LR,
         seed=42, report_to=[], logging_steps=10, use_cpu=not on_gpu, **({} if precision == "auto" else ours),
@@ -130,7 +130,9 @@ def run(kind, data, model_dir, root, steps, batch, max_length, env, tag, precisi
                 str(data["train"]), "--output-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch),
                 "--max-length", str(max_length), "--precision", precision, "--save-steps", str(steps + 1000),
                 "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]  # fmt: skip
-        argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"]}.get(kind, [])
+        argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"], "flat_adamw": ["--optim", "adamw_torch"]}.get(
+            kind, []
+        )
         if kind == "packed_accum":  # one packed row per forward, the same rows per step through accumulation
             argv[argv.index("--batch-size") + 1] = "1"
             argv += ["--packing", "--grad-accum", str(batch)]
@@ -163,7 +165,7 @@ def eval_loss(out: str, val: Path, max_length: int, env: dict) -> float:
 
 
 def part_overhead(a, data, model_dir, root, env, log, median, order_for) -> dict:
-    names = ["flat", "llrd", "trl"]
+    names = a.overhead_kinds.split(",")
     res = {n: [] for n in names}
     for rep in range(a.reps):
         for n in order_for(rep, names):
@@ -172,7 +174,9 @@ def part_overhead(a, data, model_dir, root, env, log, median, order_for) -> dict
             shutil.rmtree(r.pop("out"), ignore_errors=True)
             res[n].append(r)
     ratios = {}
-    for num, den in (("flat", "trl"), ("llrd", "flat"), ("llrd", "trl")):
+    for num, den in (("flat", "trl"), ("llrd", "flat"), ("llrd", "trl"), ("flat", "flat_adamw")):
+        if num not in names or den not in names:
+            continue
         ratios[f"{num}/{den}"] = {
             k: median([x[k] / y[k] for x, y in zip(res[num], res[den])])
             for k in ("steps_per_s", "samples_per_s", "tokens_per_s")
@@ -225,6 +229,11 @@ def main() -> None:
     p.add_argument("--dataset", default=str(SHARED / "alpaca_en_demo.json"), help="Alpaca-format JSON")
     p.add_argument("--part", default="overhead,padding")
     p.add_argument("--steps", type=int, default=6, help="overhead part: steps per run")
+    p.add_argument(
+        "--overhead-kinds", default="flat,llrd,trl",
+        help="overhead part: flat, llrd (--llrd 0.9), trl (the bare script), flat_adamw (flat with --optim "
+        "adamw_torch, the default before fused AdamW)",
+    )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--max-length", type=int, default=192, help="overhead part")
     p.add_argument("--pad-steps", type=int, default=16, help="padding part: TRL's steps")
