@@ -1,8 +1,8 @@
 """The real-model study's report: tables (markdown) and the frontier plot, from bench/out/real_study/.
 
-    python bench/real_study.py --phase report     # (re)writes OUT/report.md, OUT/summary.json, docs/real_study.png
+    python studies/real_study.py --phase report     # (re)writes OUT/report.md, OUT/summary.json, docs/real_study.png
 
-Forgetting is measured against the healed base (see bench/real_study.py): per held-out text the perplexity change
+Forgetting is measured against the healed base (see studies/real_study.py): per held-out text the perplexity change
 (%) and the mean per-token KL(healed ‖ tuned). Seeds are averaged (mean ± std over the seeds that finished).
 "flat at same eval" interpolates flat's seed means along its LRs up to flat's best eval loss (sweep's rule).
 """

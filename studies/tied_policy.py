@@ -1,9 +1,9 @@
 """Which LR should a tied input/output embedding matrix get under layer decay? Measured, not guessed.
 
-    python bench/tied_policy.py [--quick]
+    python studies/tied_policy.py [--quick]
 
 A 4-block llama-style base with tie_word_embeddings=True is pre-trained on the study's Shakespeare + code mix
-(bench/llrd_study.py's data), then fine-tuned on Alpaca with --llrd 0.8 under both policies:
+(studies/llrd_study.py's data), then fine-tuned on Alpaca with --llrd 0.8 under both policies:
   embedding: the shared matrix trains at block 0's LR (base × γ^(N-1));
   head:      the shared matrix trains at the base LR (like the LM head);
 plus flat runs for reference, at two LRs and several seeds. Every fine-tune is a cell of `posttrainllm sweep`.
@@ -25,7 +25,7 @@ from llrd_study import ROOT, SHARED, cli, prepare_data, sft_args, sweep  # noqa:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "tied"))
+    ap.add_argument("--out", default=str(ROOT / "studies" / "out" / "tied"))
     args = ap.parse_args()
     if not SHARED.is_dir():
         sys.exit(f"skipped: {SHARED} not found")

@@ -1,8 +1,8 @@
 """The real-model study of docs/results.md: Alpaca SFT of SmolLM2-135M-Instruct (30 blocks), flat vs layer decay.
 
-    python bench/real_study.py                    # heal, train every run, evaluate, write the report (~2 h, 2 cores)
-    python bench/real_study.py --phase eval       # only (re-)evaluate finished runs; --phase report: only the report
-    python bench/real_study.py --seeds 3,4 --heldout-offset 50000   # an independent re-run: other seeds and texts
+    python studies/real_study.py                    # heal, train every run, evaluate, write the report (~2 h, 2 cores)
+    python studies/real_study.py --phase eval       # only (re-)evaluate finished runs; --phase report: only the report
+    python studies/real_study.py --seeds 3,4 --heldout-offset 50000   # an independent re-run: other seeds and texts
 
 Every step is the real CLI, one process per run: `posttrainllm finetune` (healing), `posttrainllm sft` (the runs),
 `posttrainllm eval --reference` (perplexity and mean per-token KL(reference ‖ model) on held-out text).
@@ -19,7 +19,7 @@ Data (../shared/data, splits as its README suggests):
                   whole python_docs documents of library/ whose name starts with s-z; --heldout-chars characters of
                   each, starting at --heldout-offset
   replay          the heal text (pre-training-style prose), --replay-ratio 0.25
-Results: bench/out/real_study/ (not committed), docs/real_study.png and the tables printed for docs/results.md.
+Results: studies/out/real_study/ (not committed), docs/real_study.png and the tables printed for docs/results.md.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "studies"))
 
-from llrd_study import machine, splits  # noqa: E402
+from common import cli, machine, smollm2_paths, splits  # noqa: E402
 
-OUT = ROOT / "bench" / "out" / "real_study"
+OUT = ROOT / "studies" / "out" / "real_study"
 HEAL_CHARS = 600_000
 COMMON = ["--batch-size", "4", "--max-length", "192", "--save-steps", "100000", "--logging-steps", "10"]
 
@@ -59,18 +59,6 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
     files["alpaca_train"].write_text(json.dumps(sp["alpaca_train"]))
     files["alpaca_val"].write_text(json.dumps(sp["alpaca_val"]))
     return files
-
-
-def cli(args: list[str], log: Path) -> float:
-    """`posttrainllm ARGS` as its own process, output to `log`; returns the wall time. Raises on failure."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    t0 = time.time()
-    with open(log, "w") as f:
-        code = subprocess.run([sys.executable, "-m", "posttrainllm", *args], stdout=f, stderr=f, env=env).returncode
-    if code:
-        raise RuntimeError(f"posttrainllm {' '.join(args)} exited {code}; see {log}")
-    return time.time() - t0
 
 
 def runs(seeds: list[int], steps: int) -> list[dict]:
@@ -177,10 +165,7 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out
     files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
-    env = {**os.environ}
-    smollm = [sys.executable, str(ROOT / "bench" / "smollm2.py")]
-    gguf = Path(subprocess.run([*smollm, "--gguf"], capture_output=True, text=True, check=True, env=env).stdout.strip())
-    gguf_dir = Path(subprocess.run([*smollm, "--dir"], capture_output=True, text=True, check=True).stdout.strip())
+    gguf, gguf_dir = smollm2_paths()
     grid = runs([int(s) for s in args.seeds.split(",")], args.steps)
     (out / "meta.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv, "grid": grid}, indent=2))
     if args.phase == "all":  # each run is evaluated as soon as it is trained
