@@ -100,16 +100,18 @@ def _score_ids(model, ids, max_length: int, batch_size: int, progress, reference
     return _score_batches(model, ids_batches(ids, max_length, batch_size), step, reference)
 
 
-def _score_batches(model, batches, progress, reference=None) -> dict:
+def _score_batches(model, batches, progress, reference=None, kl=None) -> dict:
     """Perplexity of a text given as its batches of windows (``stream.window_batches``: (int64 windows, position)
     items), see the package docstring for the definition; with a `reference` model, also the mean per-token
     KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py). ``progress(windows,
-    position)`` after each batch. Memory follows the batch: only one batch of ids is held here."""
+    position)`` after each batch. ``kl``: another tracker with the same interface as ``_KL`` (the base cache's,
+    posttrainllm/evaluate/base_cache.py) in place of a reference model. Memory follows the batch: only one batch of
+    ids is held here."""
     import torch
 
     device = _model_device(model)
     nll_sum, predicted, tokens, windows = 0.0, 0, 0, 0
-    kl = _KL(reference)
+    kl = kl if kl is not None else _KL(reference)
     with _EvalMode(model), kl:
         for rows, position in batches:
             tokens += rows.size

@@ -1,0 +1,214 @@
+"""The base model's held-out evaluation, computed once and reused by every model measured against it.
+
+A frontier (a sweep, a merge sweep) measures many models against one base on the same held-out texts: each needs
+the base's perplexity (the "before" of its forgetting report) and the base's next-token distribution at every
+predicted position (for KL(base ‖ model)). Without a cache each cell runs the base again. With one, the base runs
+once per text: its perplexity result and, per predicted position, its `top_k` most likely tokens with their
+log-probabilities and the log of the probability left over (the tail) are written under the cache directory, and
+every later model's KL is computed from them.
+
+**The KL from the cache** is KL over the base's top-k tokens plus one "tail" outcome that lumps the rest:
+
+    KL_k(p ‖ q) = Σ_{v ∈ S} p(v) (log p(v) − log q(v)) + p(T) (log p(T) − log q(T)),  S = base's top k, T = V \\ S
+
+where p(T) and q(T) are the base's and the model's probability of any token outside S. By the log-sum inequality
+KL_k ≤ KL (grouping outcomes never raises a divergence), and KL_k = KL exactly when k ≥ the vocabulary (T empty).
+The gap is the divergence *within* the tail, weighted by p(T): small where the base puts little mass outside its
+top k. `DEFAULT_TOP_K` = 256; tests/test_base_cache.py checks the exact case and the bound.
+
+The cache key covers the base (what its directory holds: rundir.fingerprint.input_identity), the text (SHA-256),
+the window length, k and this format's version: a changed text or base gets a new entry. Entries are written to a
+temporary directory and renamed into place, so a reader never sees half an entry. Memory follows the batch: the
+per-position arrays are appended to files as they are computed and read back memory-mapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from posttrainllm.errors import DataError
+
+DEFAULT_TOP_K = 256
+_VERSION = 1
+_IDX, _LOGP, _TAIL, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_logp.bin", "result.json"
+
+
+def entry_key(base_identity, text_path: str, max_length: int, top_k: int) -> str:
+    """The cache entry's name for one (base, text, window length, k)."""
+    from posttrainllm.rundir.layout import sha256
+
+    blob = json.dumps(
+        {"base": base_identity, "text": sha256(text_path), "max_length": max_length, "k": top_k, "v": _VERSION},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+class Recorder:
+    """A KL tracker for `_score_batches` that scores nothing: run with the *base* as the model, it appends the
+    base's top-k log-probabilities and tail log-probability of every predicted position to files in `dest`."""
+
+    def __init__(self, dest: Path, top_k: int):
+        self.dest, self.top_k, self.positions, self.vocab = dest, top_k, 0, None
+
+    def __enter__(self):
+        self._stack = contextlib.ExitStack()
+        names = (_IDX, _LOGP, _TAIL)
+        self._files = [self._stack.enter_context(open(self.dest / n, "wb")) for n in names]  # noqa: SIM115
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+    def add(self, batch, logits) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        self.vocab = int(logits.shape[-1])
+        k = min(self.top_k, self.vocab)
+        for r in range(batch.shape[0]):
+            logp = F.log_softmax(logits[r, :-1].float(), dim=-1)
+            top, idx = logp.topk(k, dim=-1)
+            if k < self.vocab:
+                tail = logp.scatter(-1, idx, float("-inf")).logsumexp(-1)
+            else:  # nothing outside the top k: the tail is empty
+                tail = torch.full((logp.shape[0],), float("-inf"))
+            for f, arr in zip(self._files, (idx.to(torch.int32), top, tail)):
+                f.write(arr.contiguous().cpu().numpy().tobytes())
+            self.positions += logp.shape[0]
+
+    def result(self) -> dict:
+        return {}
+
+
+class CachedKL:
+    """A KL tracker for `_score_batches` reading the base's recorded top-k from `src`: the running KL_k(base ‖
+    model) (module docstring) at the same positions, in the same order, as they were recorded."""
+
+    def __init__(self, src: Path, meta: dict):
+        import numpy as np
+
+        self.k, self.vocab, self.positions = meta["k"], meta["vocab"], meta["positions"]
+        shape = (self.positions, self.k)
+        self.idx = np.memmap(src / _IDX, dtype=np.int32, mode="r", shape=shape) if self.positions else None
+        self.logp = np.memmap(src / _LOGP, dtype=np.float32, mode="r", shape=shape) if self.positions else None
+        self.tail = np.memmap(src / _TAIL, dtype=np.float32, mode="r", shape=(n,)) if (n := self.positions) else None
+        self.at, self.total = 0, 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add(self, batch, logits) -> None:
+        for r in range(batch.shape[0]):
+            self.total += self._row(logits[r, :-1])
+
+    def _row(self, logits) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        n = logits.shape[0]
+        if self.at + n > self.positions:
+            raise DataError("the cached base evaluation has fewer positions than the text: the cache is stale")
+        sl = slice(self.at, self.at + n)
+        self.at += n
+        idx = torch.from_numpy(self.idx[sl].astype("int64")).to(logits.device)
+        lp = torch.from_numpy(self.logp[sl].copy()).to(logits.device).double()
+        lp_tail = torch.from_numpy(self.tail[sl].copy()).to(logits.device).double()
+        logq = F.log_softmax(logits[:, : self.vocab].float(), dim=-1)
+        lq = logq.gather(-1, idx).double()
+        kl = (lp.exp() * (lp - lq)).sum(-1)
+        if self.k < self.vocab:
+            lq_tail = logq.scatter(-1, idx, float("-inf")).logsumexp(-1).double()
+            p_tail = lp_tail.exp()
+            kl = kl + torch.where(p_tail > 0, p_tail * (lp_tail - lq_tail), torch.zeros_like(p_tail))
+        return float(kl.sum().item())
+
+    def result(self) -> dict:
+        if self.at != self.positions:
+            raise DataError("the cached base evaluation has more positions than the text: the cache is stale")
+        return {"kl": self.total / self.positions} if self.positions else {}
+
+
+def lookup(cache_dir: Path, key: str) -> tuple[Path, dict] | None:
+    """(entry directory, its meta) when the entry is complete, else None."""
+    entry = Path(cache_dir) / key
+    meta_file = entry / _RESULT
+    if not meta_file.is_file():
+        return None
+    return entry, json.loads(meta_file.read_text())
+
+
+def record(cache_dir: Path, key: str, top_k: int, score) -> tuple[Path, dict]:
+    """Run `score(recorder)` (the base's `_score_batches` with the recorder as its KL tracker; it returns the base's
+    result), then move the complete entry into place atomically. Returns (entry directory, meta)."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
+    try:
+        rec = Recorder(tmp, top_k)
+        result = score(rec)  # _score_batches enters and leaves the recorder
+        meta = {"k": min(top_k, rec.vocab or top_k), "vocab": rec.vocab, "positions": rec.positions, "result": result}
+        (tmp / _RESULT).write_text(json.dumps(meta))
+        try:
+            os.replace(tmp, cache_dir / key)
+        except OSError:  # another process finished the same entry first: theirs is as good
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    found = lookup(cache_dir, key)
+    assert found is not None
+    return found
+
+
+def evaluate_against_base(
+    model,
+    tokenizer,
+    paths: list[str],
+    max_length: int,
+    *,
+    cache_dir,
+    base_identity,
+    load_base,
+    batch_size: int = 8,
+    top_k: int = DEFAULT_TOP_K,
+    progress=None,
+) -> tuple[dict, dict]:
+    """(base results, model results) for the text files `paths`, like `evaluate_files` on the base and then on the
+    model with the base as reference, but the base runs only for texts the cache does not hold yet
+    (`load_base()` is called at most once, when one is missing). The model's results carry "kl" = KL_k(base ‖
+    model) (module docstring)."""
+    from posttrainllm.evaluate.files import _checked_file, _names_for_paths
+    from posttrainllm.evaluate.scoring import _check_max_length, _score_batches
+    from posttrainllm.evaluate.stream import file_chunks, token_chunks, window_batches
+
+    max_length = _check_max_length(max_length)
+    checked = [_checked_file(os.fspath(p)) for p in paths]
+    before, after, base = {}, {}, None
+
+    def batches(path):
+        return window_batches(token_chunks(tokenizer, file_chunks(path)), max_length, batch_size)
+
+    for name, path in zip(_names_for_paths(checked, set()), checked):
+        key = entry_key(base_identity, path, max_length, top_k)
+        found = lookup(cache_dir, key)
+        if found is None:
+            base = base if base is not None else load_base()
+            found = record(
+                cache_dir, key, top_k, lambda rec, b=base, p=path: _score_batches(b, batches(p), None, kl=rec)
+            )
+        entry, meta = found
+        before[name] = meta["result"]
+        after[name] = _score_batches(model, batches(path), progress, kl=CachedKL(entry, meta))
+    return before, after
