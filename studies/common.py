@@ -19,12 +19,14 @@ SHARED = ROOT.parent / "shared" / "data"
 def cli(args: list[str], log: Path, stdout: Path | None = None) -> float:
     """`posttrainllm ARGS` as its own process, output to `log` (stdout to `stdout` when given); returns the wall
     time. Raises on failure."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    for path in (log, stdout):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
-    with open(log, "w") as err, open(stdout or log, "a") as out:
-        cmd = [sys.executable, "-m", "posttrainllm", *args]
-        code = subprocess.run(cmd, stdout=out if stdout else err, stderr=err, env=env).returncode
+    cmd = [sys.executable, "-m", "posttrainllm", *args]
+    with open(log, "w") as err, open(stdout, "w") if stdout else contextlib.nullcontext(err) as out:
+        code = subprocess.run(cmd, stdout=out, stderr=err, env=env).returncode
     if code:
         raise RuntimeError(f"posttrainllm {' '.join(args)} exited {code}; see {log}")
     return time.time() - t0
