@@ -119,7 +119,9 @@ def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path) -> di
     args += ["--sft-dataset", str(files["alpaca_val"])]
     print(f"eval {name}", flush=True)
     log = out / "logs" / f"eval-{name}.log"
-    t = cli(args, log, stdout=dest)
+    partial = dest.with_name(dest.name + ".partial")  # a failed eval leaves no result that looks finished
+    t = cli(args, log, stdout=partial)
+    partial.replace(dest)
     print(f"  done in {t:.0f} s", flush=True)
     return json.loads(dest.read_text())
 
