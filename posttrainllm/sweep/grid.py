@@ -1,10 +1,11 @@
-"""The sweep's grid: its options, the cells (γ × LR × replay ratio × seed), each cell's command line, checked
-before anything runs (posttrainllm/config/argv.py reads each cell as the CLI would)."""
+"""The sweep's grid: its options, the cells (γ × LR × replay ratio × KL anchor β × self-replay N × seed), each
+cell's command line, checked before anything runs (posttrainllm/config/argv.py reads each cell as the CLI would),
+and the merges measured for every trained cell (no training: `posttrainllm merge` toward the base)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrainllm.errors import ConfigErrors, PosttrainError, UsageError
@@ -19,14 +20,54 @@ class Cell:
     lr: float
     replay_ratio: float
     seed: int
+    kl_to_base: float = 0.0
+    self_replay: int = 0
 
     @property
     def name(self) -> str:
-        return f"g{self.gamma:g}-lr{self.lr:g}-replay{self.replay_ratio:g}-s{self.seed}"
+        """The cell's folder; the newer axes appear only when set, so the cells of older sweeps keep their names."""
+        extra = (f"-kl{self.kl_to_base:g}" if self.kl_to_base else "") + (
+            f"-selfreplay{self.self_replay}" if self.self_replay else ""
+        )
+        return f"g{self.gamma:g}-lr{self.lr:g}-replay{self.replay_ratio:g}{extra}-s{self.seed}"
 
     @property
-    def point(self) -> tuple[float, float, float]:
-        return (self.gamma, self.lr, self.replay_ratio)
+    def point(self) -> tuple:
+        return (self.gamma, self.lr, self.replay_ratio, self.kl_to_base, self.self_replay)
+
+
+def method_label(gamma: float, replay_ratio: float, kl_to_base: float, self_replay: int, merge: str | None) -> str:
+    """The forgetting-control method of a frontier point, in words: "flat", "γ=0.9 + replay 0.25", "flat + KL
+    β=0.1", "flat + self-replay 256 @0.25", "merge α=0.5 of flat"."""
+    parts = ["flat" if gamma == 1.0 else f"γ={gamma:g}"]
+    if self_replay:
+        parts.append(f"self-replay {self_replay} @{replay_ratio:g}")
+    elif replay_ratio:
+        parts.append(f"replay {replay_ratio:g}")
+    if kl_to_base:
+        parts.append(f"KL β={kl_to_base:g}")
+    trained = " + ".join(parts)
+    return f"{merge} of {trained}" if merge else trained
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A merge of a trained cell back toward the base: θ = θ_base + s·(θ_cell − θ_base), s = α (uniform) or
+    α·γ^(N-1-i) at block i (depth-scaled: layer decay after training)."""
+
+    alpha: float
+    gamma: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return f"merge-a{self.alpha:g}" + (f"-g{self.gamma:g}" if self.gamma != 1.0 else "")
+
+    @property
+    def label(self) -> str:
+        return f"merge α={self.alpha:g}" + (f" depth γ={self.gamma:g}" if self.gamma != 1.0 else "")
+
+    def args(self) -> list[str]:
+        return ["--alpha", f"{self.alpha:g}"] + (["--llrd", f"{self.gamma:g}"] if self.gamma != 1.0 else [])
 
 
 @dataclass
@@ -41,16 +82,35 @@ class SweepSpec:
     output_dir: Path
     passthrough: list[str]  # the command's own options, the same for every cell
     discard_weights: bool = False
+    kl_values: list[float] = field(default_factory=lambda: [0.0])
+    self_replays: list[int] = field(default_factory=lambda: [0])
+    merge_alphas: list[float] = field(default_factory=list)
+    merge_gammas: list[float] = field(default_factory=lambda: [1.0])
 
     def cells(self) -> list[Cell]:
+        """Every combination, less those that mean nothing: self-replay with nothing mixed in (a replay ratio of 0),
+        and a replay ratio above 0 without self-replay when no --replay-dataset is given."""
+        has_pool = _value(self.passthrough, "--replay-dataset") is not None
         return [
-            Cell(g, lr, r, s) for g in self.gammas for lr in self.lrs for r in self.replay_ratios for s in self.seeds
+            Cell(g, lr, r, s, kl, n)
+            for g in self.gammas
+            for lr in self.lrs
+            for r in self.replay_ratios
+            for kl in self.kl_values
+            for n in self.self_replays
+            for s in self.seeds
+            if not (n and r == 0) and not (r and not n and not has_pool and any(self.self_replays))
         ]
 
+    def merges(self) -> list[Merge]:
+        """The merges measured for every trained cell (α = 1 with γ = 1 is the cell itself and is not repeated)."""
+        return [Merge(a, g) for a in self.merge_alphas for g in self.merge_gammas if (a, g) != (1.0, 1.0)]
+
     def argv(self, cell: Cell) -> list[str]:
-        """The cell's command line. A replay ratio of 0 means no replay, so --replay-dataset is left out."""
+        """The cell's command line. A replay ratio of 0 means no replay, so --replay-dataset is left out; a
+        self-replay cell replays its own samples, so it is left out there too."""
         passthrough = list(self.passthrough)
-        if cell.replay_ratio == 0:
+        if cell.replay_ratio == 0 or cell.self_replay:
             passthrough = _without(passthrough, "--replay-dataset")
         args = [
             self.command,
@@ -66,6 +126,10 @@ class SweepSpec:
             args += ["--llrd", f"{cell.gamma:g}"]
         if cell.replay_ratio > 0:
             args += ["--replay-ratio", f"{cell.replay_ratio:g}"]
+        if cell.kl_to_base:
+            args += ["--kl-to-base", f"{cell.kl_to_base:g}"]
+        if cell.self_replay:
+            args += ["--self-replay", str(cell.self_replay)]
         return args
 
 
@@ -74,6 +138,10 @@ _SWEEP_OPTIONS = {
     "--llrd": "gammas",
     "--lr": "lrs",
     "--replay-ratio": "replay_ratios",
+    "--kl-to-base": "kl_values",
+    "--self-replay": "self_replays",
+    "--merge-alpha": "merge_alphas",
+    "--merge-llrd": "merge_gammas",
     "--seeds": "seeds",
     "--seed": "seeds",
     "--jobs": "jobs",
@@ -126,6 +194,10 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         seeds = _numbers("--seeds", found.get("seeds", "0"), int)
         jobs = _numbers("--jobs", found.get("jobs", "1"), int)[0]
         max_forgetting = _numbers("--max-forgetting", found.get("max_forgetting", "5"))[0]
+        kl_values = _numbers("--kl-to-base", found.get("kl_values", "0"))
+        self_replays = _numbers("--self-replay", found.get("self_replays", "0"), int)
+        merge_alphas = _numbers("--merge-alpha", found["merge_alphas"]) if "merge_alphas" in found else []
+        merge_gammas = _numbers("--merge-llrd", found.get("merge_gammas", "1.0"))
     except UsageError as e:
         raise ConfigErrors([str(e)]) from None
     if lrs is None:
@@ -137,13 +209,30 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         problems.append("--max-forgetting must be a finite number (percent)")
     if any(s < 0 for s in seeds):
         problems.append("--seeds must be non-negative integers")
+    problems += _check_merges(merge_alphas, merge_gammas, "merge_gammas" in found)
+    if any(n > 0 for n in self_replays) and all(r == 0 for r in replay):
+        problems.append("--self-replay above 0 needs a --replay-ratio above 0 (the share of the samples in training)")
     model = _value(passthrough, "--model")
     out = Path(found.get("output_dir") or f"runs/sweep-{command}-{Path((model or 'model').rstrip('/')).name}")
-    spec = SweepSpec(command, gammas, lrs, replay, seeds, jobs, max_forgetting, out, passthrough, discard)
+    spec = SweepSpec(
+        command, gammas, lrs, replay, seeds, jobs, max_forgetting, out, passthrough, discard,
+        kl_values=kl_values, self_replays=self_replays, merge_alphas=merge_alphas, merge_gammas=merge_gammas,
+    )  # fmt: skip
     problems += _check_cells(spec)
     if problems:
         raise ConfigErrors(list(dict.fromkeys(problems)))
     return spec
+
+
+def _check_merges(alphas: list[float], gammas: list[float], gammas_given: bool) -> list[str]:
+    problems = []
+    if any(not (0.0 <= a <= 1.0) for a in alphas):
+        problems.append(f"--merge-alpha values must lie in [0, 1] (1 = the trained cell, 0 = the base), got {alphas}")
+    if any(not (0.5 <= g <= 1.0) for g in gammas):
+        problems.append(f"--merge-llrd values must lie in [0.5, 1.0] (the depth scaling of a merge), got {gammas}")
+    if gammas_given and not alphas:
+        problems.append("--merge-llrd needs --merge-alpha (the merge's top-block scale), e.g. --merge-alpha 1.0,0.5")
+    return problems
 
 
 def _without(args: list[str], flag: str) -> list[str]:
@@ -172,7 +261,7 @@ def _check_cells(spec: SweepSpec) -> list[str]:
     from posttrainllm.config.argv import to_config
 
     problems: list[str] = []
-    for cell in {Cell(c.gamma, c.lr, c.replay_ratio, spec.seeds[0]) for c in spec.cells()}:
+    for cell in {Cell(c.gamma, c.lr, c.replay_ratio, spec.seeds[0], c.kl_to_base, c.self_replay) for c in spec.cells()}:
         argv = spec.argv(cell)
         try:
             cfg = to_config(spec.command, list(argv[1:]))
@@ -186,6 +275,6 @@ def _check_cells(spec: SweepSpec) -> list[str]:
             problems.append("a sweep needs an in-domain eval set: give --eval-split FRACTION or --eval-dataset FILE")
         if not cfg.ood_eval:
             problems.append("a sweep needs at least one --ood-eval FILE to measure forgetting")
-        if cell.replay_ratio > 0 and not cfg.replay_dataset:
+        if cell.replay_ratio > 0 and not cfg.replay_dataset and not cell.self_replay:
             problems.append("--replay-ratio above 0 needs --replay-dataset FILE")
     return problems

@@ -8,24 +8,38 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.sweep.grid import NEAR_BEST
+from posttrainllm.sweep.grid import NEAR_BEST, method_label
+
+AXES = ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "merge")  # a frontier point, less the seed
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def _axes(r: dict) -> dict:
+    """A record's frontier point (records of older sweeps lack the newer axes: they were off)."""
+    defaults = {"kl_to_base": 0.0, "self_replay": 0, "merge": None}
+    return {k: r.get(k, defaults.get(k)) for k in AXES}
+
+
 def summarize(records: list[dict]) -> list[dict]:
-    """Cells aggregated over seeds: eval loss and each OOD change as mean ± std; forgetting = worst OOD mean."""
+    """Points (cells and their merges) aggregated over seeds: eval loss, each OOD change and KL as mean ± std;
+    forgetting = worst OOD mean; `method` names the forgetting control in words."""
     points: dict[tuple, list[dict]] = {}
     for r in records:
         if r.get("eval_loss") is None:
             continue
-        points.setdefault((r["gamma"], r["lr"], r["replay_ratio"]), []).append(r)
+        points.setdefault(tuple(_axes(r).values()), []).append(r)
     rows = []
-    for (gamma, lr, replay), runs in points.items():
-        row: dict[str, Any] = {"gamma": gamma, "lr": lr, "replay_ratio": replay, "seeds": len(runs)}
+    for key, runs in points.items():
+        row: dict[str, Any] = {**dict(zip(AXES, key)), "seeds": len(runs)}
+        row["method"] = method_label(
+            row["gamma"], row["replay_ratio"], row["kl_to_base"], row["self_replay"], runs[0].get("merge_label")
+        )
         row["eval_loss"], row["eval_loss_std"] = _mean_std([r["eval_loss"] for r in runs])
+        kls = {name: [r.get("ood_kl", {}).get(name) for r in runs] for name in runs[0].get("ood_kl") or {}}
+        row["ood_kl"] = {n: statistics.fmean(v) for n, v in kls.items() if all(x is not None for x in v)}
         row["ood"] = {}
         for name in runs[0]["ood_change_pct"]:
             values = [r["ood_change_pct"].get(name) for r in runs]
@@ -62,9 +76,20 @@ def efficient_branch(rows: list[dict], x: str = "eval_loss", higher_is_better: b
     return [r for r in rows if r["lr"] <= best["lr"]]
 
 
+def is_flat(row: dict) -> bool:
+    """Plain flat LR tuning: no layer decay, replay, KL anchor, self-replay or merge."""
+    return (
+        row["gamma"] == 1.0
+        and row["replay_ratio"] == 0
+        and not row.get("kl_to_base")
+        and not row.get("self_replay")
+        and not row.get("merge")
+    )
+
+
 def _flat_at(summary: list[dict], row: dict) -> dict | None:
-    flat = [r for r in summary if r["gamma"] == 1.0 and r["replay_ratio"] == 0 and r["forgetting_pct"] is not None]
-    if not flat or row is None or (row["gamma"] == 1.0 and row["replay_ratio"] == 0):
+    flat = [r for r in summary if is_flat(r) and r["forgetting_pct"] is not None]
+    if not flat or row is None or is_flat(row):
         return None
     curve = efficient_branch(flat)
     value = interpolate([(r["eval_loss"], r["forgetting_pct"]) for r in curve], row["eval_loss"])
@@ -76,7 +101,7 @@ def _flat_at(summary: list[dict], row: dict) -> dict | None:
 
 
 def _key(row: dict) -> tuple:
-    return (row["gamma"], row["lr"], row["replay_ratio"])
+    return tuple(str(row.get(k)) if k == "merge" else row.get(k) or 0 for k in AXES)
 
 
 def recommend(summary: list[dict], max_forgetting: float) -> dict:
@@ -98,9 +123,13 @@ def recommend(summary: list[dict], max_forgetting: float) -> dict:
         if r is None:
             return None
         return {
+            "method": r.get("method"),
             "llrd": r["gamma"],
             "lr": r["lr"],
             "replay_ratio": r["replay_ratio"],
+            "kl_to_base": r.get("kl_to_base", 0.0),
+            "self_replay": r.get("self_replay", 0),
+            "merge": r.get("merge"),
             "eval_loss": r["eval_loss"],
             "forgetting_pct": r["forgetting_pct"],
             "vs_flat": _flat_at(summary, r),
@@ -122,9 +151,12 @@ def recommend(summary: list[dict], max_forgetting: float) -> dict:
 def _fmt_cell(r: dict | None) -> str:
     if r is None:
         return "none"
-    text = f"--llrd {r['llrd']:g} --lr {r['lr']:g}" + (
+    text = f"{r.get('method', '')}: --llrd {r['llrd']:g} --lr {r['lr']:g}" + (
         f" --replay-ratio {r['replay_ratio']:g}" if r["replay_ratio"] else ""
     )
+    text += f" --kl-to-base {r['kl_to_base']:g}" if r.get("kl_to_base") else ""
+    text += f" --self-replay {r['self_replay']}" if r.get("self_replay") else ""
+    text += f", then posttrainllm merge ({r['merge']})" if r.get("merge") else ""
     text += f" (eval loss {r['eval_loss']:.4f}, forgetting {r['forgetting_pct']:+.1f}%)"
     flat = r.get("vs_flat") or {}
     if flat.get("flat_forgetting_pct_at_same_eval_loss") is not None:
@@ -150,8 +182,9 @@ def write_markdown(result: dict, path: Path) -> None:
     summary = result["summary"]
     names = list(dict.fromkeys(n for r in summary for n in r["ood"]))
     dpo = any("reward_accuracy" in r for r in summary)
-    head = ["γ", "LR", "replay", "seeds", "eval loss"] + (["reward acc.", "margin"] if dpo else [])
-    head += [f"{n} PPL Δ%" for n in names] + ["forgetting %"]
+    head = ["method", "γ", "LR", "replay", "KL β", "self-replay", "seeds", "eval loss"]
+    head += ["reward acc.", "margin"] if dpo else []
+    head += [f"{n} PPL Δ%" for n in names] + [f"{n} KL" for n in names] + ["forgetting %"]
     lines = [
         f"# Sweep: posttrainllm {result['command']}",
         "",
@@ -160,11 +193,14 @@ def write_markdown(result: dict, path: Path) -> None:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for r in sorted(summary, key=lambda r: (r["replay_ratio"], -r["gamma"], r["lr"])):
+    for r in sorted(summary, key=lambda r: (r["method"], r["lr"])):
         cells = [
+            r["method"],
             f"{r['gamma']:g}",
             f"{r['lr']:g}",
             f"{r['replay_ratio']:g}",
+            f"{r.get('kl_to_base', 0):g}",
+            str(r.get("self_replay", 0)),
             str(r["seeds"]),
             f"{r['eval_loss']:.4f} ± {r['eval_loss_std']:.4f}",
         ]
@@ -173,9 +209,17 @@ def write_markdown(result: dict, path: Path) -> None:
         for n in names:
             o = r["ood"].get(n)
             cells.append(f"{o['change_pct']:+.1f} ± {o['std']:.1f}" if o else "-")
+        for n in names:
+            kl = (r.get("ood_kl") or {}).get(n)
+            cells.append("-" if kl is None else f"{kl:.4f}")
         cells.append("-" if r["forgetting_pct"] is None else f"{r['forgetting_pct']:+.1f}")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Forgetting = the largest seed-mean perplexity change over the --ood-eval files.", ""]
+    lines += [
+        "",
+        "Forgetting = the largest seed-mean perplexity change over the --ood-eval files; KL = the mean per-token "
+        "KL(base ‖ model) on each. A merge's row is the trained cell named after 'of', merged back toward the base.",
+        "",
+    ]
     lines += [f"- {line}" for line in recommendation_lines(result)]
     if result.get("failed"):
         lines += ["", "Failed cells: " + ", ".join(f"{f['cell']} ({f['error']})" for f in result["failed"])]
@@ -195,16 +239,13 @@ def plot_frontier(summary: list[dict], path: Path) -> str | None:
     for r in summary:
         if r["forgetting_pct"] is None:
             continue
-        label = ("flat" if r["gamma"] == 1.0 else f"γ={r['gamma']:g}") + (
-            f" + replay {r['replay_ratio']:g}" if r["replay_ratio"] else ""
-        )
-        series.setdefault(label, []).append(r)
+        series.setdefault(r["method"], []).append(r)
     if not series:
         return "frontier.png not written: no cell finished"
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for label, rows in sorted(series.items(), key=lambda kv: kv[0] != "flat"):
         rows = sorted(rows, key=lambda r: r["lr"])
-        style = dict(lw=2.5, color="black") if label == "flat" else dict(ls="--") if "replay" in label else {}
+        style = dict(lw=2.5, color="black") if label == "flat" else dict(ls=":") if "merge" in label else {}
         ax.errorbar(
             [r["eval_loss"] for r in rows],
             [r["forgetting_pct"] for r in rows],
@@ -225,7 +266,7 @@ def plot_frontier(summary: list[dict], path: Path) -> str | None:
             )
     ax.set_xlabel("in-domain eval loss (lower = learned more)")
     ax.set_ylabel("forgetting: worst OOD perplexity change, %")
-    ax.set_title("sweep frontier (points = LRs, one curve per γ)", fontsize=10)
+    ax.set_title("sweep frontier (points = LRs, one curve per method)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

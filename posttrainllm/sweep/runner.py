@@ -86,12 +86,17 @@ def _record(spec: SweepSpec, cell: Cell, d: Path, seconds: float) -> dict:
     results = json.loads((d / "eval_results.json").read_text())
     metrics = results.get("train", {})
     ood = {name: r.get("change_pct") for name, r in (results.get("ood") or {}).items()}
+    kl = {name: r.get("kl") for name, r in (results.get("ood") or {}).items() if r.get("kl") is not None}
     record = {
         "cell": cell.name,
         "gamma": cell.gamma,
         "lr": cell.lr,
         "replay_ratio": cell.replay_ratio,
+        "kl_to_base": cell.kl_to_base,
+        "self_replay": cell.self_replay,
+        "merge": None,
         "seed": cell.seed,
+        "ood_kl": kl,
         "eval_loss": metrics.get("eval_loss"),
         "train_loss": metrics.get("train_loss"),
         "ood_change_pct": ood,
@@ -139,7 +144,16 @@ def run(spec: SweepSpec, echo=print) -> dict:
     summary = summarize(ordered)
     result = {
         "command": spec.command,
-        "grid": {"llrd": spec.gammas, "lr": spec.lrs, "replay_ratio": spec.replay_ratios, "seeds": spec.seeds},
+        "grid": {
+            "llrd": spec.gammas,
+            "lr": spec.lrs,
+            "replay_ratio": spec.replay_ratios,
+            "kl_to_base": spec.kl_values,
+            "self_replay": spec.self_replays,
+            "merge_alpha": spec.merge_alphas,
+            "merge_llrd": spec.merge_gammas,
+            "seeds": spec.seeds,
+        },
         "options": spec.passthrough,
         "max_forgetting_pct": spec.max_forgetting,
         "cells": ordered,
