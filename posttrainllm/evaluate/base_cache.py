@@ -25,6 +25,7 @@ per-position arrays are appended to files as they are computed and read back mem
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -172,7 +173,53 @@ def record(cache_dir: Path, key: str, top_k: int, score) -> tuple[Path, dict]:
     return found
 
 
-def evaluate_against_base(
+def _entries(tokenizer, paths, max_length: int, batch_size: int, cache_dir, base_identity, top_k: int):
+    """(name, path, key, batches(path)) of each text file, checked before anything is scored."""
+    from posttrainllm.evaluate.files import _checked_file, _names_for_paths
+    from posttrainllm.evaluate.scoring import _check_batch_size, _check_max_length
+    from posttrainllm.evaluate.stream import file_chunks, token_chunks, window_batches
+
+    max_length, batch_size = _check_max_length(max_length), _check_batch_size(batch_size)
+    checked = [_checked_file(os.fspath(p)) for p in paths]
+
+    def batches(path):
+        return window_batches(token_chunks(tokenizer, file_chunks(path)), max_length, batch_size)
+
+    for name, path in zip(_names_for_paths(checked, set()), checked):
+        yield name, path, entry_key(base_identity, path, max_length, top_k), batches
+
+
+def _record_pass(base, windows, recorder) -> dict:
+    from posttrainllm.evaluate.scoring import _score_batches
+
+    return _score_batches(base, windows, None, kl=recorder)
+
+
+def base_results(
+    load_base,
+    tokenizer,
+    paths: list[str],
+    max_length: int,
+    *,
+    cache_dir,
+    base_identity,
+    batch_size: int = 8,
+    top_k: int = DEFAULT_TOP_K,
+) -> dict:
+    """The base's results for the text files `paths` (as `evaluate_files` gives them), from the cache; a text the
+    cache does not hold yet is scored by the base (`load_base()`, called at most once) and recorded."""
+
+    out, base = {}, None
+    for name, path, key, batches in _entries(tokenizer, paths, max_length, batch_size, cache_dir, base_identity, top_k):
+        found = lookup(cache_dir, key)
+        if found is None:
+            base = base if base is not None else load_base()
+            found = record(cache_dir, key, top_k, functools.partial(_record_pass, base, batches(path)))
+        out[name] = found[1]["result"]
+    return out
+
+
+def results_against_base(
     model,
     tokenizer,
     paths: list[str],
@@ -180,35 +227,26 @@ def evaluate_against_base(
     *,
     cache_dir,
     base_identity,
-    load_base,
     batch_size: int = 8,
     top_k: int = DEFAULT_TOP_K,
     progress=None,
-) -> tuple[dict, dict]:
-    """(base results, model results) for the text files `paths`, like `evaluate_files` on the base and then on the
-    model with the base as reference, but the base runs only for texts the cache does not hold yet
-    (`load_base()` is called at most once, when one is missing). The model's results carry "kl" = KL_k(base ‖
-    model) (module docstring)."""
-    from posttrainllm.evaluate.files import _checked_file, _names_for_paths
-    from posttrainllm.evaluate.scoring import _check_max_length, _score_batches
-    from posttrainllm.evaluate.stream import file_chunks, token_chunks, window_batches
+) -> dict:
+    """The model's results for the text files `paths`, each with "kl" = KL_k(base ‖ model) from the cached base
+    (module docstring); `base_results` must have recorded them. The base does not run."""
+    from posttrainllm.evaluate.scoring import _score_batches
 
-    max_length = _check_max_length(max_length)
-    checked = [_checked_file(os.fspath(p)) for p in paths]
-    before, after, base = {}, {}, None
-
-    def batches(path):
-        return window_batches(token_chunks(tokenizer, file_chunks(path)), max_length, batch_size)
-
-    for name, path in zip(_names_for_paths(checked, set()), checked):
-        key = entry_key(base_identity, path, max_length, top_k)
+    out = {}
+    for name, path, key, batches in _entries(tokenizer, paths, max_length, batch_size, cache_dir, base_identity, top_k):
         found = lookup(cache_dir, key)
         if found is None:
-            base = base if base is not None else load_base()
-            found = record(
-                cache_dir, key, top_k, lambda rec, b=base, p=path: _score_batches(b, batches(p), None, kl=rec)
-            )
-        entry, meta = found
-        before[name] = meta["result"]
-        after[name] = _score_batches(model, batches(path), progress, kl=CachedKL(entry, meta))
-    return before, after
+            raise DataError(f"{path}: the base's evaluation is not in the cache {cache_dir}; record it first")
+        out[name] = _score_batches(model, batches(path), progress, kl=CachedKL(*found))
+    return out
+
+
+def evaluate_against_base(model, tokenizer, paths: list[str], max_length: int, *, load_base, **kw) -> tuple[dict, dict]:
+    """(base results, model results): `base_results` then `results_against_base`, the base run only for texts the
+    cache does not hold yet."""
+    progress = kw.pop("progress", None)
+    before = base_results(load_base, tokenizer, paths, max_length, **kw)
+    return before, results_against_base(model, tokenizer, paths, max_length, progress=progress, **kw)
