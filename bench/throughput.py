@@ -81,12 +81,14 @@ def trl_worker(
     trainer.save_model(out)
     t_end = time.perf_counter()
     num_tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     print(
         RESULT_TAG
         + json.dumps(
             {
                 "metrics": metrics,
                 "num_tokens": num_tokens[-1] if num_tokens else None,
+                "peak_memory_gb": peak,
                 "imports_s": t_imports - t_start,
                 "setup_s": t_setup - t_imports,
                 "train_call_s": t_train - t_setup,
@@ -262,12 +264,14 @@ def contender(
             ]
             if kind == "llrd":
                 argv += ["--llrd", "0.9"]
+            if kind == "packed":
+                argv += ["--packing"]
         wall, proc = run_cmd(argv, env=env)
         if kind == "trl":
             line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG))
             r = json.loads(line[len(RESULT_TAG) :])
             metrics, num_tokens = r["metrics"], r["num_tokens"]
-            extra = {k: r[k] for k in ("imports_s", "setup_s", "train_call_s", "save_s")}
+            extra = {k: r[k] for k in ("imports_s", "setup_s", "train_call_s", "save_s", "peak_memory_gb")}
         else:
             metrics = json.loads((out / "eval_results.json").read_text())["train"]
             state = json.loads((out / "trainer_state.json").read_text())
@@ -276,6 +280,8 @@ def contender(
             extra = {}
             groups = json.loads((out / "param_groups.json").read_text())
             extra["n_groups"] = len(groups)
+            peak = json.loads((out / "eval_results.json").read_text()).get("peak_memory_bytes")
+            extra["peak_memory_gb"] = peak / 2**30 if peak else None
         shutil.rmtree(out, ignore_errors=True)
         rt = metrics["train_runtime"]
         return {
@@ -310,6 +316,8 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for every contender (0: unset)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
+    p.add_argument("--kinds", default="llrd,flat,trl", help="contenders: llrd, flat, packed (--packing), trl")
+    p.add_argument("--out-json", type=Path, default=None, help="also write the JSON result to this file")
     a = p.parse_args()
     reps = a.reps or (2 if a.quick else 4)
     steps = a.steps or (10 if a.quick else 30)
@@ -329,7 +337,7 @@ def main() -> None:
         log(f"setup in {root} ...")
         info = setup(root, a.rows, a.hidden, a.blocks, a.vocab)
         counter = [0]
-        names = ["llrd", "flat", "trl"]
+        names = a.kinds.split(",")
         runs = {
             n: contender(n, info, root, steps, a.batch_size, a.max_length, env, counter, a.precision) for n in names
         }
@@ -357,18 +365,24 @@ def main() -> None:
                 k: median([r[k] for r in res[n] if r.get(k) is not None])
                 for k in ("samples_per_s", "tokens_per_s", "train_runtime_s", "wall_s")
             }
-            for k in ("imports_s", "setup_s", "train_call_s", "save_s"):
-                if k in res[n][0]:
+            for k in ("imports_s", "setup_s", "train_call_s", "save_s", "peak_memory_gb"):
+                if res[n][0].get(k) is not None:
                     result["median"][n][k] = median([r[k] for r in res[n]])
-        for num, den in (("llrd", "flat"), ("flat", "trl"), ("llrd", "trl")):
+        pairs = (("llrd", "flat"), ("flat", "trl"), ("llrd", "trl"), ("packed", "trl"), ("packed", "flat"))
+        for num, den in [(x, y) for x, y in pairs if x in names and y in names]:
             per = {}
             for k in ("samples_per_s", "tokens_per_s", "wall_s"):
                 rr = [x[k] / y[k] for x, y in zip(res[num], res[den]) if x.get(k) and y.get(k)]
                 per[k] = {"median": median(rr), "min_max": spread(rr)}
             result["ratios"][f"{num}/{den}"] = per
-        r_lf = result["ratios"]["llrd/flat"]["samples_per_s"]["median"]
-        r_ft = result["ratios"]["flat/trl"]["samples_per_s"]["median"]
-        result["targets"] = {"llrd/flat >= 0.97": r_lf >= 0.97, "flat/trl >= 0.95": r_ft >= 0.95}
+        r_lf = result["ratios"].get("llrd/flat", {}).get("samples_per_s", {}).get("median")
+        r_ft = result["ratios"].get("flat/trl", {}).get("samples_per_s", {}).get("median")
+        result["targets"] = {
+            "llrd/flat >= 0.97": r_lf is not None and r_lf >= 0.97,
+            "flat/trl >= 0.95": r_ft is not None and r_ft >= 0.95,
+        }
+        if a.out_json:
+            a.out_json.write_text(json.dumps(result, indent=1, default=str))
         mach = result["machine"]
         lines = [
             f"SFT throughput, {steps} steps × batch {a.batch_size}, max length {a.max_length}, {a.precision}, "

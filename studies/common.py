@@ -64,16 +64,16 @@ def _split_modules(text: str, marker: str, end: str = "") -> list[tuple[str, str
     return [(name, "".join(lines)) for name, lines in parts]
 
 
-def splits() -> dict:
+def splits(shared: Path = SHARED) -> dict:
     """The shared data cut as ../shared/data/README.md suggests: Shakespeare (90% / 10%), the stdlib modules up to
     typing.py / after it, python_docs without / with the held-out documents (library/ s-z), Alpaca 900 / 99."""
-    shakespeare = (SHARED / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    shakespeare = (shared / "tinyshakespeare.txt").read_text(encoding="utf-8")
     cut = int(len(shakespeare) * 0.9)
-    modules = _split_modules((SHARED / "python_stdlib_code.txt").read_text(encoding="utf-8"), "# ==== Lib/", " ====")
+    modules = _split_modules((shared / "python_stdlib_code.txt").read_text(encoding="utf-8"), "# ==== Lib/", " ====")
     last_train = [m[0] for m in modules].index("typing.py")
-    docs = _split_modules((SHARED / "python_docs.txt").read_text(encoding="utf-8"), ".. document: ")
+    docs = _split_modules((shared / "python_docs.txt").read_text(encoding="utf-8"), ".. document: ")
     held = [d for d in docs if d[0].startswith("library/") and d[0].split("/", 1)[1][:1].lower() >= "s"]
-    alpaca = json.loads((SHARED / "alpaca_en_demo.json").read_text())
+    alpaca = json.loads((shared / "alpaca_en_demo.json").read_text())
     return {
         "shakespeare_train": shakespeare[:cut],
         "shakespeare_held": shakespeare[cut:],

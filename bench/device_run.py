@@ -1,0 +1,195 @@
+"""One prepared run for a lent GPU machine (one H200-class GPU, 8 minutes), and its CPU dry mode.
+
+    python bench/device_run.py OUT                 # on the GPU machine, under 8 minutes
+    python bench/device_run.py OUT --dry-run       # on a CPU at a tiny size, under 2 minutes (tests/ runs it)
+    bash bench/device_run.sh OUT [WHEELS_DIR]      # the same, first installing the wheels the GPU machine lacks
+
+Two parts, each under its own time limit, so that a part that fails or runs out of time leaves the other's results:
+
+1. **Performance** (bench/throughput.py): `posttrainllm sft` flat, `--llrd 0.9` and `--packing` against a bare TRL
+   `SFTTrainer`, on a llama-shaped model of about 0.5B parameters built from a config (hidden 1536, 16 blocks,
+   vocab 2048 from the benchmark's BPE tokenizer), bf16, sequence length 1024. Reported: tokens/s, MFU (6·N FLOPs
+   per token over the GPU's dense bf16 peak, `--peak-tflops`), peak GPU memory, and the ratios (the layer-decay
+   optimizer's cost is the llrd/flat ratio).
+2. **Evidence**: a base pre-trained here on the shared text (Tiny Shakespeare and the training half of the stdlib
+   code) for a few minutes, at a width the CPU cannot reach, then one `posttrainllm sweep sft` on Alpaca: flat at
+   three LRs, layer decay, the KL anchor and merges back toward the base (uniform and depth-scaled), every point
+   measured the same way (in-domain eval loss; held-out code, prose and Shakespeare perplexity and KL to the base).
+
+Writes OUT/summary.json and OUT/summary.md (and each part's own files). Nothing is downloaded: the data is
+../shared/data (or a copy next to OUT given by --shared), models are built from configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "studies"))
+
+# (real, dry-run) sizes and limits
+SIZES = {
+    "real": dict(
+        hidden=1536, blocks=16, batch=8, length=1024, steps=30, reps=2, precision="bf16", perf_timeout=270,
+        pre_hidden=768, pre_blocks=12, pre_steps=1500, pre_batch=32, sft_steps=150, lrs="3e-5,1e-4,3e-4",
+        study_timeout=270, chars=400_000,
+    ),
+    "dry": dict(
+        hidden=64, blocks=2, batch=2, length=64, steps=2, reps=1, precision="fp32", perf_timeout=100,
+        pre_hidden=32, pre_blocks=2, pre_steps=4, pre_batch=4, sft_steps=2, lrs="1e-3,3e-3",
+        study_timeout=120, chars=20_000,
+    ),
+}  # fmt: skip
+
+
+def run(cmd: list[str], log: Path, timeout: int, env: dict | None = None) -> dict:
+    """A part as a process with a time limit; its exit, time and the tail of its log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return {"rc": rc, "seconds": round(time.time() - t0, 1), "log": str(log), "tail": tail}
+
+
+def performance(out: Path, s: dict, env: dict, peak_tflops: float) -> dict:
+    dest = out / "throughput.json"
+    cmd = [
+        sys.executable, str(ROOT / "bench" / "throughput.py"), "--json", "--precision", s["precision"],
+        "--hidden", str(s["hidden"]), "--blocks", str(s["blocks"]), "--batch-size", str(s["batch"]),
+        "--max-length", str(s["length"]), "--steps", str(s["steps"]), "--reps", str(s["reps"]),
+        "--rows", str(max(64, s["batch"] * s["steps"])), "--kinds", "llrd,flat,packed,trl",
+        "--threads", "0",
+    ]  # fmt: skip
+    status = run(cmd + ["--out-json", str(dest)], out / "throughput.log", s["perf_timeout"], env)
+    if not dest.is_file():
+        return {"status": status}
+    res = json.loads(dest.read_text())
+    params = res["setup"]["params"]
+    rows = {}
+    for kind, md in res["median"].items():
+        tps = md.get("tokens_per_s")
+        rows[kind] = {
+            "tokens_per_s": tps,
+            "mfu": (6 * params * tps / (peak_tflops * 1e12)) if tps else None,
+            "peak_memory_gb": md.get("peak_memory_gb"),
+        }
+    return {"status": status, "params": params, "rows": rows, "ratios": res["ratios"]}
+
+
+def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
+    from common import splits
+
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    sp = splits(shared)
+    chars = s["chars"]
+    (data / "pretrain.txt").write_text(sp["shakespeare_train"][: chars * 2] + "\n\n" + sp["code_train"][: chars * 2])
+    for key in ("code_held", "docs_held", "shakespeare_held"):
+        (data / f"{key}.txt").write_text(sp[key][: min(chars // 10, 40_000)])
+    (data / "alpaca_train.json").write_text(json.dumps(sp["alpaca_train"]))
+    (data / "alpaca_val.json").write_text(json.dumps(sp["alpaca_val"]))
+    config = data / "config.json"
+    heads = max(2, s["pre_hidden"] // 64)
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": s["pre_hidden"], "intermediate_size": int(s["pre_hidden"] * 2.75),
+        "num_hidden_layers": s["pre_blocks"], "num_attention_heads": heads, "num_key_value_heads": heads,
+        "max_position_embeddings": 512, "tie_word_embeddings": False,
+    }))  # fmt: skip
+    cli = [sys.executable, "-m", "posttrainllm"]
+    base = out / "base"
+    t0 = time.time()
+    pre = run(
+        [*cli, "pretrain", "--dataset", str(data / "pretrain.txt"), "--output-dir", str(base), "--overwrite",
+         "--model-config", str(config), "--vocab-size", "2048", "--max-length", "256", "--batch-size",
+         str(s["pre_batch"]), "--lr", "1e-3", "--lr-scheduler", "cosine", "--warmup-ratio", "0.05", "--max-steps",
+         str(s["pre_steps"]), "--save-steps", "100000", "--logging-steps", "50"],
+        out / "pretrain.log", s["study_timeout"] // 2, env,
+    )  # fmt: skip
+    if pre["rc"] != 0:
+        return {"pretrain": pre}
+    left = max(30, s["study_timeout"] - int(time.time() - t0))
+    sweep_dir = out / "sweep"
+    ood = [
+        a for key in ("code_held", "docs_held", "shakespeare_held") for a in ("--ood-eval", str(data / f"{key}.txt"))
+    ]
+    sw = run(
+        [*cli, "sweep", "sft", "--model", str(base), "--dataset", str(data / "alpaca_train.json"), "--eval-dataset",
+         str(data / "alpaca_val.json"), *ood, "--output-dir", str(sweep_dir), "--lr", s["lrs"], "--llrd", "1.0,0.9",
+         "--kl-to-base", "0,0.1", "--merge-alpha", "1.0,0.5", "--merge-llrd", "1.0,0.9", "--max-steps",
+         str(s["sft_steps"]), "--batch-size", "8", "--max-length", "256", "--save-steps", "100000",
+         "--discard-weights"],
+        out / "sweep.log", left, env,
+    )  # fmt: skip
+    results = sweep_dir / "results.json"
+    summary = json.loads(results.read_text())["summary"] if results.is_file() else None
+    return {"pretrain": pre, "sweep": sw, "summary": summary}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Device run ({result['mode']})", "", f"machine: {result['machine']}", ""]
+    perf = result.get("performance") or {}
+    if perf.get("rows"):
+        lines += [f"## Performance ({perf['params'] / 1e6:.0f}M parameters)", ""]
+        lines += ["| contender | tokens/s | MFU | peak memory (GB) |", "|---|---|---|---|"]
+        for kind, r in perf["rows"].items():
+            mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
+            lines.append(f"| {kind} | {r['tokens_per_s'] or 0:.0f} | {mfu} | {mem} |")
+        lines += [""] + [f"- {k}: tokens/s {v['tokens_per_s']['median']:.3f}" for k, v in perf["ratios"].items()]
+    else:
+        lines += ["## Performance: no result", "", f"```\n{json.dumps(perf.get('status'), indent=1)}\n```"]
+    ev = result.get("evidence") or {}
+    lines += ["", "## Evidence", ""]
+    if ev.get("summary"):
+        lines += ["| method | LR | eval loss | forgetting % |", "|---|---|---|---|"]
+        for r in sorted(ev["summary"], key=lambda r: (r["method"], r["lr"])):
+            f = "-" if r["forgetting_pct"] is None else f"{r['forgetting_pct']:+.1f}"
+            lines.append(f"| {r['method']} | {r['lr']:g} | {r['eval_loss']:.4f} | {f} |")
+    else:
+        lines += ["no result", "", f"```\n{json.dumps({k: v for k, v in ev.items() if k != 'summary'}, indent=1)}\n```"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, under 2 minutes")
+    ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data", help="the shared data folder")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200: 989)")
+    ap.add_argument("--parts", default="performance,evidence")
+    a = ap.parse_args()
+    mode = "dry" if a.dry_run else "real"
+    s = SIZES[mode]
+    a.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if a.dry_run:
+        env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    else:
+        import torch
+
+        assert torch.cuda.is_available(), "no CUDA device: use --dry-run on a CPU"
+    from common import machine
+
+    result: dict = {"mode": mode, "machine": machine(), "sizes": s}
+    parts = a.parts.split(",")
+    if "performance" in parts:
+        result["performance"] = performance(a.out / "performance", s, env, a.peak_tflops)
+    if "evidence" in parts:
+        result["evidence"] = evidence(a.out / "evidence", s, env, a.shared)
+    (a.out / "summary.json").write_text(json.dumps(result, indent=2, default=str))
+    (a.out / "summary.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
