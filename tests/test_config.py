@@ -1,4 +1,4 @@
-"""The option definitions are the one source of the CLI flags, the recipe keys, RunConfig and the README's table;
+"""The option definitions are the one source of the CLI flags, the recipe keys, RunConfig and docs/options.md;
 one conversion reads every KEY=VALUE source."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pytest
 from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig, convert, options_for
 from posttrainllm.config import doc as config_doc
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+OPTIONS_PAGE = Path(__file__).resolve().parents[1] / config_doc.PAGE
 
 
-def test_the_readme_option_table_is_the_generated_one():
-    block = config_doc.readme_block(README.read_text(encoding="utf-8"))
-    assert block is not None, "README.md lost its options:start/options:end markers"
-    assert block == config_doc.block(), "README's option table is stale: python -m posttrainllm.config.doc README.md"
+def test_the_options_page_holds_the_generated_table():
+    block = config_doc.generated_block(OPTIONS_PAGE.read_text(encoding="utf-8"))
+    assert block is not None, f"{config_doc.PAGE} lost its options:start/options:end markers"
+    assert block == config_doc.block(), f"{config_doc.PAGE}'s option table is stale: python -m posttrainllm.config.doc"
 
 
-def test_every_flag_of_every_command_is_in_the_readme_table():
+def test_every_flag_of_every_command_is_in_the_options_table():
     table = config_doc.options_table()
     from typer.main import get_command
 

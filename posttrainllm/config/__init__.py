@@ -4,7 +4,7 @@ Config flows one way: defaults < recipe (YAML, flat keys = option names) < comma
 recipe key, wrong type, value out of range) is collected and reported at once, before any model or data is loaded.
 
 - `opt` / `panels/` / `options`: the option definitions, one module per help panel; the single source of the CLI
-  flags, the recipe keys, the RunConfig fields and the README's option table.
+  flags, the recipe keys, the RunConfig fields and the option table of docs/options.md.
 - `runconfig`: RunConfig, generated from the table (typed, frozen).
 - `checks`: the per-option checks; `coerce`: the one conversion of text/YAML values (CLI, recipes, --trainer-arg,
   --model-arg); `recipe`: hardened YAML loading; `resolve`: defaults < recipe < command line, with cross-checks;

@@ -1,5 +1,5 @@
 """`Opt`: one option's definition. The table of them (posttrainllm/config/options.py) is the single source of the
-command-line flags, the recipe keys, the RunConfig fields and the README's option table."""
+command-line flags, the recipe keys, the RunConfig fields and the option table of docs/options.md."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from posttrainllm.rundir.layout import CKPT_DIR, OWN_RECORDS, sha256
 
-# Settings a resumed run may change (README, "Interrupt and resume"): how long it runs, how often it saves, logs and
-# evaluates, where it reports, and run-time details that do not change what is trained.
+# Settings a resumed run may change (docs/reliability.md, "Interrupt and resume"): how long it runs, how often it
+# saves, logs and evaluates, where it reports, and run-time details that do not change what is trained.
 FREE = frozenset(
     {
         "max_steps",
