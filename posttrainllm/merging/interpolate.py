@@ -20,16 +20,13 @@ class TensorMismatch(ValueError):
 
 
 def first_mismatch(base, tuned) -> TensorMismatch | None:
-    """The first difference in tensor names or shapes between two sources (headers only), or None."""
-    b_keys, t_keys = base.names(), set(tuned.names())
-    for name in b_keys:
-        if name not in t_keys:
+    """The first difference in tensor names or shapes between two sources (headers only), in name order, or None."""
+    b_names, t_names = set(base.names()), set(tuned.names())
+    for name in sorted(b_names | t_names):
+        if name not in t_names:
             return TensorMismatch("names", name, f"tensor {name} is in the base but not in the tuned model")
-    b_set = set(b_keys)
-    for name in tuned.names():
-        if name not in b_set:
+        if name not in b_names:
             return TensorMismatch("names", name, f"tensor {name} is in the tuned model but not in the base")
-    for name in b_keys:
         (_, bs), (_, ts) = base.meta(name), tuned.meta(name)
         if tuple(bs) != tuple(ts):
             return TensorMismatch("shapes", name, f"tensor {name} has shape {list(bs)} in the base, {list(ts)} tuned")

@@ -1,0 +1,317 @@
+"""posttrainllm merge: every merged tensor against the closed form θ_base + s·(θ_tuned − θ_base), with s derived here
+independently of the library (block index from the name, per-family embedding prefixes, everything else head), on
+tiny models of four families; A = 1 / A = 0 bit for bit; a LoRA adapter as the tuned model; the output directory;
+every usage error exits 2 before a weight is read."""
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from posttrainllm.cli import app
+
+runner = CliRunner()
+N = 3
+BLOCK_RE = re.compile(r"(?:layers|h)\.(\d+)\.")
+EMBEDDINGS = ("model.embed_tokens.", "transformer.wte.", "transformer.wpe.")
+_DECODER = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=N,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+FAMILIES = {
+    "llama": dict(_DECODER, tie_word_embeddings=False),
+    "qwen2": dict(_DECODER, tie_word_embeddings=True),
+    "mistral": dict(_DECODER, tie_word_embeddings=False),
+    "gpt2": dict(n_embd=16, n_layer=N, n_head=2, n_positions=64),  # tied by default
+}
+
+
+def _tokenizer(texts=None):
+    from conftest import CORPUS, build_tokenizer
+
+    return build_tokenizer(texts or CORPUS)
+
+
+def _pair(tmp_path, family, *, dtype=torch.float32, tok=None, seed=0, **extra):
+    """A base and a tuned model (the base plus noise) of `family`, saved with one tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = tok or _tokenizer()
+    cfg = AutoConfig.for_model(family, vocab_size=extra.pop("vocab_size", len(tok)), **{**FAMILIES[family], **extra})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).to(dtype)
+    dirs = []
+    for name in ("base", "tuned"):
+        d = tmp_path / f"{family}-{name}-{seed}"
+        model.save_pretrained(d)
+        tok.save_pretrained(d)
+        dirs.append(d)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+    return dirs
+
+
+def _merge(base, tuned, out, *args):
+    return runner.invoke(app, ["merge", "--base", str(base), "--model", str(tuned), "--output-dir", str(out), *args])
+
+
+def _expected_s(name, schedule, a, gamma=1.0, bottom=None):
+    if schedule == "uniform":
+        return a
+    m = BLOCK_RE.search(name)
+    if m:
+        i = int(m.group(1))
+    elif name.startswith(EMBEDDINGS):
+        i = 0
+    else:
+        return a  # final norm, head
+    return a * gamma ** (N - 1 - i) if schedule == "geometric" else bottom + (a - bottom) * i / (N - 1)
+
+
+def _check_closed_form(base_dir, tuned_dir, out_dir, schedule, a, gamma=1.0, bottom=None, tuned=None):
+    base = load_file(base_dir / "model.safetensors")
+    tuned = tuned if tuned is not None else load_file(tuned_dir / "model.safetensors")
+    merged = load_file(out_dir / "model.safetensors")
+    assert sorted(merged) == sorted(base)
+    for name, b in base.items():
+        s = _expected_s(name, schedule, a, gamma, bottom)
+        want = (b.float() + s * (tuned[name].float() - b.float())).to(tuned[name].dtype)
+        torch.testing.assert_close(merged[name], want, rtol=1e-6, atol=1e-7, msg=f"{name}: s = {s}")
+    return merged
+
+
+SCHEDULES = [
+    ("uniform", ["--alpha", "0.3"], dict(a=0.3)),
+    ("geometric", ["--alpha", "0.9", "--llrd", "0.6"], dict(a=0.9, gamma=0.6)),
+    ("linear", ["--alpha", "0.8", "--depth-schedule", "linear", "--bottom-alpha", "0.2"], dict(a=0.8, bottom=0.2)),
+]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize(("schedule", "args", "values"), SCHEDULES, ids=[s[0] for s in SCHEDULES])
+def test_every_tensor_matches_the_closed_form(tmp_path, family, schedule, args, values):
+    base, tuned = _pair(tmp_path, family)
+    out = tmp_path / "out"
+    r = _merge(base, tuned, out, *args)
+    assert r.exit_code == 0, r.output
+    _check_closed_form(base, tuned, out, schedule, **values)
+    record = json.loads((out / "merge.json").read_text())
+    assert record["alpha"] == values["a"] and record["schedule"]["name"] == schedule
+
+
+def test_tied_embedding_moves_like_block_0_or_like_the_head(tmp_path):
+    base, tuned = _pair(tmp_path, "qwen2")
+    b, t = load_file(base / "model.safetensors"), load_file(tuned / "model.safetensors")
+    assert "lm_head.weight" not in b  # tied: one stored matrix
+    name = "model.embed_tokens.weight"
+    for policy, s in (("embedding", 0.5 * 0.5**2), ("head", 0.5)):
+        out = tmp_path / policy
+        r = _merge(base, tuned, out, "--alpha", "0.5", "--llrd", "0.5", "--tied-embeddings", policy)
+        assert r.exit_code == 0, r.output
+        torch.testing.assert_close(load_file(out / "model.safetensors")[name], b[name] + s * (t[name] - b[name]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_alpha_1_is_the_tuned_model_and_alpha_0_the_base_bit_for_bit(tmp_path, family, dtype):
+    base, tuned = _pair(tmp_path, family, dtype=dtype)
+    for a, src in (("1", tuned), ("0", base)):
+        for extra in ([], ["--depth-schedule", "linear", "--bottom-alpha", a]):
+            out = tmp_path / f"out-{a}-{len(extra)}"
+            assert _merge(base, tuned, out, "--alpha", a, *extra).exit_code == 0
+            want, got = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+            assert sorted(got) == sorted(want)
+            for name in want:
+                assert got[name].dtype == want[name].dtype and torch.equal(
+                    got[name].view(torch.uint8) if got[name].dim() else got[name], want[name].view(torch.uint8)
+                ), name
+
+
+@pytest.mark.parametrize(("schedule", "args", "values"), SCHEDULES[:2], ids=[s[0] for s in SCHEDULES[:2]])
+def test_a_lora_adapter_is_merged_into_its_base_first(tmp_path, schedule, args, values):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base, _ = _pair(tmp_path, "llama")
+    torch.manual_seed(3)
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapter = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(adapter)
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).merge_and_unload()
+    tuned_state = {k: v.detach() for k, v in tuned.state_dict().items()}
+    out = tmp_path / "out"
+    r = _merge(base, adapter, out, *args)
+    assert r.exit_code == 0, r.output
+    merged = _check_closed_form(base, None, out, schedule, tuned=tuned_state, **values)
+    moved = [n for n in merged if not torch.equal(merged[n], load_file(base / "model.safetensors")[n])]
+    assert moved and all("q_proj" in n or "v_proj" in n for n in moved)
+    assert json.loads((out / "merge.json").read_text())["model"]["kind"] == "lora"
+
+
+def test_several_alphas_write_one_loadable_model_each_with_its_record(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from posttrainllm.rundir.layout import sha256
+
+    base, tuned = _pair(tmp_path, "llama")
+    out = tmp_path / "sweep"
+    r = _merge(base, tuned, out, "--alpha", "0.25,0.75")
+    assert r.exit_code == 0, r.output
+    for a in (0.25, 0.75):
+        d = out / f"alpha-{a:g}"
+        record = json.loads((d / "merge.json").read_text())
+        assert record["alpha"] == a
+        assert record["base"]["sha256"]["model.safetensors"] == sha256(base / "model.safetensors")
+        assert record["model"]["sha256"]["model.safetensors"] == sha256(tuned / "model.safetensors")
+        model = AutoModelForCausalLM.from_pretrained(d)
+        assert AutoTokenizer.from_pretrained(d).get_vocab() == AutoTokenizer.from_pretrained(tuned).get_vocab()
+        assert model.config.num_hidden_layers == N and (d / "README.md").is_file()
+        _check_closed_form(base, tuned, d, "uniform", a)
+
+
+def test_a_second_merge_into_the_same_directory_needs_overwrite(tmp_path):
+    base, tuned = _pair(tmp_path, "llama")
+    out = tmp_path / "out"
+    assert _merge(base, tuned, out, "--alpha", "0.5").exit_code == 0
+    r = _merge(base, tuned, out, "--alpha", "0.7")
+    assert r.exit_code == 2 and "--overwrite" in r.output
+    assert _merge(base, tuned, out, "--alpha", "0.7", "--overwrite").exit_code == 0
+    assert json.loads((out / "merge.json").read_text())["alpha"] == 0.7
+    _check_closed_form(base, tuned, out, "uniform", 0.7)
+
+
+def test_shards_stream_into_several_files_with_an_index(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from posttrainllm.merging import SafetensorsSource, merge_streamed
+
+    base, tuned = _pair(tmp_path, "llama")
+    out = tmp_path / "sharded"
+    out.mkdir()
+    files = merge_streamed(
+        SafetensorsSource(base), SafetensorsSource(tuned), lambda name: 0.5, out, max_shard_bytes=20_000
+    )
+    assert len(files) > 2 and files[-1] == "model.safetensors.index.json"
+    (out / "config.json").write_text((tuned / "config.json").read_text())
+    merged = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    b, t = load_file(base / "model.safetensors"), load_file(tuned / "model.safetensors")
+    for name in b:
+        torch.testing.assert_close(merged[name], b[name] + 0.5 * (t[name] - b[name]))
+
+
+# ------------------------------------------------------------------------------------------------------ errors
+@pytest.fixture
+def no_weights_read(monkeypatch):
+    """Fail the test if a weight tensor is read or a model is built while a usage error is reported."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrainllm.merging import tensors
+
+    def boom(*a, **k):
+        raise AssertionError("a model or a weight was loaded before the usage error")
+
+    def arm():  # called once the test's models are saved
+        monkeypatch.setattr(tensors.SafetensorsSource, "read", boom)
+        monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", boom)
+        monkeypatch.setattr(AutoModelForCausalLM, "from_config", boom)
+
+    return arm
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--alpha", "1.5"], "--alpha must be in [0, 1]"),
+        (["--alpha", "-0.1"], "--alpha must be in [0, 1]"),
+        (["--alpha", "0.5,nan"], "--alpha"),
+        (["--alpha", "0.5,0.5"], "given more than once"),
+        (["--alpha", "0.5", "--depth-schedule", "linear"], "needs --bottom-alpha"),
+        (["--alpha", "0.5", "--bottom-alpha", "0.1"], "goes with --depth-schedule linear"),
+        (["--alpha", "0.5", "--depth-schedule", "linear", "--bottom-alpha", "1.2"], "--bottom-alpha must be in"),
+        (["--alpha", "0.5", "--depth-schedule", "cubic"], "--depth-schedule must be one of"),
+        (["--alpha", "0.5", "--depth-schedule", "linear", "--bottom-alpha", "0.1", "--llrd", "0.9"], "not with"),
+        (["--alpha", "0.5", "--llrd", "0.3"], "--llrd must be a number in [0.5, 1.0]"),
+        (["--alpha", "0.5", "--llrd", "0.9", "--llrd-bottom-scale", "0.5"], "both set the layer decay"),
+        (["--alpha", "0.5", "--discard-weights"], "--discard-weights"),
+        (["--alpha", "0.5", "--tied-embeddings", "both"], "--tied-embeddings must be one of"),
+        (["--alpha", "0.5", "--ood-eval", "missing.txt"], "text file not found"),
+        ([], "missing --alpha"),
+    ],
+)
+def test_bad_options_exit_2_before_a_weight_is_read(tmp_path, no_weights_read, args, words):
+    base, tuned = _pair(tmp_path, "llama")
+    no_weights_read()
+    r = _merge(base, tuned, tmp_path / "out", *args)
+    assert r.exit_code == 2, r.output
+    assert words in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output and not (tmp_path / "out").exists()
+
+
+def test_different_architectures_exit_2_from_the_configs(tmp_path, no_weights_read):
+    llama, _ = _pair(tmp_path, "llama")
+    _, gpt2 = _pair(tmp_path, "gpt2")
+    no_weights_read()
+    r = _merge(llama, gpt2, tmp_path / "out", "--alpha", "0.5")
+    assert r.exit_code == 2 and "different architectures" in r.output and "gpt2" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("change", "what"), [(dict(hidden_size=32, intermediate_size=64), "shapes"), (dict(num_hidden_layers=N + 1), "names")]
+)
+def test_different_shapes_or_names_exit_2_naming_the_first(tmp_path, no_weights_read, change, what):
+    base, _ = _pair(tmp_path, "llama")
+    _, tuned = _pair(tmp_path, "llama", seed=1, **change)
+    b, t = load_file(base / "model.safetensors"), load_file(tuned / "model.safetensors")
+    # the stored order (safetensors headers list tensors by name)
+    first = next(n for n in sorted(set(b) | set(t)) if n not in b or n not in t or b[n].shape != t[n].shape)
+    no_weights_read()
+    r = _merge(base, tuned, tmp_path / "out", "--alpha", "0.5")
+    assert r.exit_code == 2 and f"tensor {what}" in r.output and f"tensor {first} " in r.output, r.output
+
+
+def test_different_tokenizers_exit_2_naming_the_first_token(tmp_path, no_weights_read):
+    tok_a, tok_b = _tokenizer(), _tokenizer(["completely other words", "zebra quartz jukebox " * 5])
+    vocab = max(len(tok_a), len(tok_b))
+    base, _ = _pair(tmp_path, "llama", tok=tok_a, vocab_size=vocab)
+    _, tuned = _pair(tmp_path, "llama", tok=tok_b, vocab_size=vocab, seed=1)
+    no_weights_read()
+    r = _merge(base, tuned, tmp_path / "out", "--alpha", "0.5")
+    assert r.exit_code == 2 and "tokenizers differ: token id" in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize("where", ["base", "tuned", "inside-base"])
+def test_the_output_is_never_an_input_nor_inside_one(tmp_path, no_weights_read, where):
+    base, tuned = _pair(tmp_path, "llama")
+    out = {"base": base, "tuned": tuned, "inside-base": base / "merged"}[where]
+    before = sorted(p.name for p in base.iterdir()), sorted(p.name for p in tuned.iterdir())
+    no_weights_read()
+    r = _merge(base, tuned, out, "--alpha", "0.5")
+    assert r.exit_code == 2 and "--output-dir" in r.output, r.output
+    assert (sorted(p.name for p in base.iterdir()), sorted(p.name for p in tuned.iterdir())) == before
+
+
+def test_an_adapter_as_base_is_refused(tmp_path, no_weights_read):
+    base, tuned = _pair(tmp_path, "llama")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    no_weights_read()
+    r = _merge(adapter, tuned, tmp_path / "out", "--alpha", "0.5")
+    assert r.exit_code == 2 and "LoRA adapter" in r.output, r.output
+
+
+def test_help_describes_every_option():
+    from posttrainllm.config import options_for
+
+    r = runner.invoke(app, ["merge", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    for o in options_for("merge"):
+        assert o.cli_flag in r.output and o.help
