@@ -264,7 +264,8 @@ def test_different_architectures_exit_2_from_the_configs(tmp_path, no_weights_re
 
 
 @pytest.mark.parametrize(
-    ("change", "what"), [(dict(hidden_size=32, intermediate_size=64), "shapes"), (dict(num_hidden_layers=N + 1), "names")]
+    ("change", "what"),
+    [(dict(hidden_size=32, intermediate_size=64), "shapes"), (dict(num_hidden_layers=N + 1), "names")],
 )
 def test_different_shapes_or_names_exit_2_naming_the_first(tmp_path, no_weights_read, change, what):
     base, _ = _pair(tmp_path, "llama")
