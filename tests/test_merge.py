@@ -316,3 +316,59 @@ def test_help_describes_every_option():
     assert r.exit_code == 0
     for o in options_for("merge"):
         assert o.cli_flag in r.output and o.help
+
+
+# ---------------------------------------------------------------------------------------------------- the sweep
+def test_a_sweep_measures_each_merge_as_eval_does_and_can_discard_the_weights(tmp_path, text_file, alpaca_file):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from posttrainllm import data
+    from posttrainllm.evaluate import evaluate_files
+
+    base, tuned = _pair(tmp_path, "llama")
+    out = tmp_path / "sweep"
+    args = ["--alpha", "0.5,1.0", "--ood-eval", str(text_file), "--eval-dataset", str(alpaca_file)]
+    r = _merge(base, tuned, out, *args, "--max-length", "128", "--discard-weights")
+    assert r.exit_code == 0, r.output
+    assert "merge frontier" in r.output and not (out / "alpha-0.5").exists() and not (out / "alpha-1").exists()
+    results = json.loads((out / "merge_results.json").read_text())
+    points = {p["label"]: p for p in results["points"]}
+    assert list(points) == ["base", "alpha=0.5", "alpha=1"]
+    # alpha = 1 is the tuned model: its numbers are eval's, with the base as the KL reference
+    tok = AutoTokenizer.from_pretrained(base)
+    ref, model = AutoModelForCausalLM.from_pretrained(base), AutoModelForCausalLM.from_pretrained(tuned)
+    direct = evaluate_files(
+        model, tok, [str(text_file)], 128, sft_examples=data.load(str(alpaca_file)), progress=False, reference=ref
+    )
+    name = text_file.name
+    got = points["alpha=1"]
+    assert got["held_out"][name]["after"] == pytest.approx(direct[name]["perplexity"], rel=1e-6)
+    assert got["kl"] == pytest.approx(direct[name]["kl"], rel=1e-6) and got["kl"] > 0
+    assert got["eval_loss"] == pytest.approx(direct["sft"]["loss"], rel=1e-6)
+    assert points["base"]["kl"] == 0.0 and 0 < points["alpha=0.5"]["kl"] < got["kl"]
+    assert all(p["model_dir"] is None for p in results["points"])
+
+
+def test_the_base_logits_are_replayed_not_recomputed():
+    from posttrainllm.merging.frontier import _Recorder
+
+    calls = []
+
+    class Base:
+        training = False
+
+        def __call__(self, input_ids, **kwargs):
+            calls.append(input_ids)
+            return type("Out", (), {"logits": input_ids.float().unsqueeze(-1) * 2})()
+
+    rec = _Recorder(Base())
+    batches = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])]
+    first = [rec(b).logits for b in batches]
+    for _ in range(2):  # two merges
+        replay = rec.replay()
+        again = [replay(b).logits for b in batches]
+        assert all(torch.equal(a, b) for a, b in zip(first, again)) and replay.replayed == 2
+    assert len(calls) == 2
+    replay = rec.replay()
+    replay(torch.tensor([[9, 9, 9]]))  # not the recorded batch: the base runs
+    assert len(calls) == 3

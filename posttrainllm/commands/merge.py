@@ -131,10 +131,12 @@ def main(cfg) -> None:
     """posttrainllm merge: checks, then one streamed merge per --alpha, then (with an eval set) the frontier."""
     from posttrainllm.merging import sources as src
     from posttrainllm.rundir import outdir
+    from posttrainllm.training import quiet_progress_bars
 
     problems = config_problems(cfg)
     if problems:
         raise ConfigErrors(problems)
+    quiet_progress_bars()
     base, tuned, base_tensors, tuned_tensors = _sources(cfg)
     gamma = _gamma(cfg, base)
     run_dir = outdir.prepare(cfg)
@@ -154,7 +156,8 @@ def main(cfg) -> None:
         if cfg.eval_dataset or cfg.ood_eval:
             from posttrainllm.merging import frontier
 
-            frontier.measure_and_report(cfg, base.path, written, out / RESULTS)
+            pairs = [(s.alpha, d) for s, d in zip(all_scales, written)]
+            frontier.measure_and_report(cfg, base.path, pairs, out / RESULTS, schedule_of(cfg))
             if cfg.discard_weights:
                 for target in targets:
                     shutil.rmtree(target, ignore_errors=True)
