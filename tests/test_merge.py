@@ -372,3 +372,58 @@ def test_the_base_logits_are_replayed_not_recomputed():
     replay = rec.replay()
     replay(torch.tensor([[9, 9, 9]]))  # not the recorded batch: the base runs
     assert len(calls) == 3
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+_RSS_SCRIPT = r"""
+import json, sys
+from typer.testing import CliRunner
+from posttrainllm.cli import app
+
+def status(key):  # this process's own figures (ru_maxrss would carry the parent's peak across fork and exec)
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+def merge(base, tuned, out, *args):
+    r = CliRunner().invoke(app, ["merge", "--base", base, "--model", tuned, "--output-dir", out, *args])
+    assert r.exit_code == 0, r.output
+
+small_base, small_tuned, big_base, big_tuned, tmp = sys.argv[1:6]
+merge(small_base, small_tuned, tmp + "/warm", "--alpha", "0.5", "--llrd", "0.9")  # imports, first allocations
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from the current RSS
+merge(big_base, big_tuned, tmp + "/big", "--alpha", "0.5", "--llrd", "0.9")
+print(json.dumps({"before": before, "peak": status("VmHWM")}))
+"""
+
+
+@pytest.mark.slow
+def test_peak_memory_of_a_merge_is_a_small_part_of_one_model(tmp_path):
+    """A 6-block model of about 300 MB (fp32) merged in a fresh process: the peak RSS the merge adds over the
+    process's own (imports, a first small merge) stays under 0.3 × one model's size; loading the two models would
+    add 2× and the merged one 3×. The merge streams: a few tensors at a time."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    small = _pair(tmp_path, "llama")
+    big = _pair(
+        tmp_path, "llama", hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=8,
+        num_key_value_heads=8,
+    )  # fmt: skip
+    size = (big[0] / "model.safetensors").stat().st_size
+    assert size > 250e6
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT, *map(str, (*small, *big)), str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tests,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rss = json.loads(proc.stdout.strip().splitlines()[-1])
+    added = rss["peak"] - rss["before"]
+    print(f"model {size / 1e6:.0f} MB; process peak {rss['peak'] / 1e6:.0f} MB; the merge added {added / 1e6:.0f} MB")
+    assert added < 0.3 * size, (added, size)
