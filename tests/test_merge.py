@@ -5,6 +5,7 @@ every usage error exits 2 before a weight is read."""
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,7 +64,7 @@ def _merge(base, tuned, out, *args):
     return runner.invoke(app, ["merge", "--base", str(base), "--model", str(tuned), "--output-dir", str(out), *args])
 
 
-def _expected_s(name, schedule, a, gamma=1.0, bottom=None):
+def _expected_s(name, schedule, a, gamma=1.0, bottom=None, n=N):
     if schedule == "uniform":
         return a
     m = BLOCK_RE.search(name)
@@ -73,16 +74,16 @@ def _expected_s(name, schedule, a, gamma=1.0, bottom=None):
         i = 0
     else:
         return a  # final norm, head
-    return a * gamma ** (N - 1 - i) if schedule == "geometric" else bottom + (a - bottom) * i / (N - 1)
+    return a * gamma ** (n - 1 - i) if schedule == "geometric" else bottom + (a - bottom) * i / (n - 1)
 
 
-def _check_closed_form(base_dir, tuned_dir, out_dir, schedule, a, gamma=1.0, bottom=None, tuned=None):
+def _check_closed_form(base_dir, tuned_dir, out_dir, schedule, a, gamma=1.0, bottom=None, tuned=None, n=N):
     base = load_file(base_dir / "model.safetensors")
     tuned = tuned if tuned is not None else load_file(tuned_dir / "model.safetensors")
     merged = load_file(out_dir / "model.safetensors")
     assert sorted(merged) == sorted(base)
     for name, b in base.items():
-        s = _expected_s(name, schedule, a, gamma, bottom)
+        s = _expected_s(name, schedule, a, gamma, bottom, n)
         want = (b.float() + s * (tuned[name].float() - b.float())).to(tuned[name].dtype)
         torch.testing.assert_close(merged[name], want, rtol=1e-6, atol=1e-7, msg=f"{name}: s = {s}")
     return merged
@@ -154,6 +155,32 @@ def test_a_lora_adapter_is_merged_into_its_base_first(tmp_path, schedule, args, 
     moved = [n for n in merged if not torch.equal(merged[n], load_file(base / "model.safetensors")[n])]
     assert moved and all("q_proj" in n or "v_proj" in n for n in moved)
     assert json.loads((out / "merge.json").read_text())["model"]["kind"] == "lora"
+
+
+def test_a_gguf_file_as_base_is_merged_from_its_converted_directory(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    from conftest import build_tiny_model
+    from test_gguf import write_gguf
+
+    from posttrainllm.rundir.layout import sha256
+
+    monkeypatch.setenv("POSTTRAINLLM_CACHE", str(tmp_path / "cache"))
+    tok = _tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, n_layers=2, hidden=64)
+    gguf_file = write_gguf(tmp_path / "base.gguf", model, tok)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tuned = tmp_path / "tuned"
+    model.save_pretrained(tuned)
+    tok.save_pretrained(tuned)
+    out = tmp_path / "out"
+    r = _merge(gguf_file, tuned, out, "--alpha", "0.6", "--llrd", "0.7")
+    assert r.exit_code == 0, r.output
+    record = json.loads((out / "merge.json").read_text())
+    assert record["base"]["kind"] == "gguf" and record["base"]["gguf"]["sha256"] == sha256(gguf_file)
+    _check_closed_form(Path(record["base"]["path"]), tuned, out, "geometric", a=0.6, gamma=0.7, n=2)
 
 
 def test_several_alphas_write_one_loadable_model_each_with_its_record(tmp_path):
