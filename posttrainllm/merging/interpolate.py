@@ -3,6 +3,7 @@ safetensors shards. Torch only."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,8 +47,20 @@ def interpolate(base: torch.Tensor, tuned: torch.Tensor, s: float, name: str = "
             raise TensorMismatch("values", name, f"tensor {name} ({tuned.dtype}) differs and cannot be interpolated")
         return tuned
     work = torch.float64 if tuned.dtype == torch.float64 else torch.float32
-    b, t = base.to(work), tuned.to(work)
-    return (b + s * (t - b)).to(tuned.dtype)
+    b = base.to(work)
+    out = torch.sub(tuned.to(work), b)  # in place from here on: one new tensor, not four
+    out.mul_(s)
+    out.add_(b)
+    return out.to(tuned.dtype)
+
+
+def _row_blocks(shape: tuple[int, ...], element_bytes: int, piece_bytes: int) -> list[tuple[int, int] | None]:
+    """Blocks of rows ``[a, b)`` of at most about `piece_bytes` each; [None] (the whole tensor) for a scalar."""
+    if not shape or shape[0] == 0:
+        return [None]
+    row = max(1, element_bytes * (math.prod(shape) // shape[0]))
+    step = max(1, piece_bytes // row)
+    return [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)]
 
 
 def merge_streamed(
@@ -57,24 +70,28 @@ def merge_streamed(
     out_dir: Path,
     *,
     max_shard_bytes: int = 2 << 30,
+    piece_bytes: int = 16 << 20,
     on_tensor: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Merge every tensor of `tuned` with the same-named one of `base` (sources: ``SafetensorsSource`` /
-    ``StateDictSource``) at ``scale_of(name)`` and write the result into `out_dir` as safetensors shards, one tensor
-    in memory at a time (plus its two inputs). The output keeps the tuned model's names, order and dtypes.
-    Returns the weight file names written. Call ``first_mismatch`` first: names and shapes must agree."""
+    ``StateDictSource``) at ``scale_of(name)`` and write the result into `out_dir` as safetensors shards, a block
+    of at most about `piece_bytes` of one tensor's rows in memory at a time (with its two inputs; the result is
+    elementwise, so the blocks give the same bits as the whole tensor). The output keeps the tuned model's names,
+    order and dtypes. Returns the weight file names written. Call ``first_mismatch`` first: names and shapes must
+    agree."""
     entries = [(name, *tuned.meta(name)) for name in tuned.names()]
 
-    def produce(name: str) -> torch.Tensor:
+    def produce(name: str):
         s = scale_of(name)
-        if s == 1.0:
-            out = tuned.read(name)
-        elif s == 0.0:
-            out = base.read(name).to(tuned.meta(name)[0])
-        else:
-            out = interpolate(base.read(name), tuned.read(name), s, name)
+        dtype, shape = tuned.meta(name)
+        for rows in _row_blocks(shape, torch.empty((), dtype=dtype).element_size(), piece_bytes):
+            if s == 1.0:
+                yield tuned.read(name, rows)
+            elif s == 0.0:
+                yield base.read(name, rows).to(dtype)
+            else:
+                yield interpolate(base.read(name, rows), tuned.read(name, rows), s, name)
         if on_tensor is not None:
             on_tensor(name)
-        return out
 
     return write_streamed(Path(out_dir), entries, produce, max_shard_bytes)

@@ -113,17 +113,24 @@ class SafetensorsSource:
         info = self.infos[name]
         return DTYPES[info.dtype], info.shape
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The tensor, or only its rows ``[a, b)`` along the first dimension."""
         info = self.infos[name]
         dtype = DTYPES[info.dtype]
-        if info.nbytes == 0:
-            return torch.empty(info.shape, dtype=dtype)
-        buf = bytearray(info.nbytes)
+        start, shape = info.start, info.shape
+        if rows is not None:
+            a, b = rows
+            row_bytes = info.nbytes // shape[0] if shape and shape[0] else 0
+            start, shape = info.start + a * row_bytes, (b - a, *shape[1:])
+        nbytes = _nbytes(dtype, shape)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        buf = bytearray(nbytes)
         with open(info.file, "rb") as f:
-            f.seek(info.start)
-            if f.readinto(memoryview(buf)) != info.nbytes:
+            f.seek(start)
+            if f.readinto(memoryview(buf)) != nbytes:
                 raise TensorFileError(f"{info.file}: tensor {name} is cut short")
-        return torch.frombuffer(buf, dtype=dtype).reshape(info.shape)
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
 class StateDictSource:
@@ -139,8 +146,9 @@ class StateDictSource:
         t = self.tensors[name]
         return t.dtype, tuple(t.shape)
 
-    def read(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
+    def read(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        t = self.tensors[name]
+        return t if rows is None else t[rows[0] : rows[1]]
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
@@ -184,11 +192,12 @@ def planned_weight_files(entries: Iterable[tuple[str, torch.dtype, tuple[int, ..
 def write_streamed(
     out_dir: Path,
     entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]]],
-    produce: Callable[[str], torch.Tensor],
+    produce: Callable[[str], Iterable[torch.Tensor]],
     max_shard_bytes: int = 2 << 30,
 ) -> list[str]:
     """Write the tensors `entries` lists (name, dtype, shape), each made by ``produce(name)`` only when its turn
-    comes, as safetensors shards of at most `max_shard_bytes` (one tensor may exceed it): ``model.safetensors``, or
+    comes as consecutive pieces (blocks of rows along the first dimension, or the whole tensor), into safetensors
+    shards of at most `max_shard_bytes` (one tensor may exceed it): ``model.safetensors``, or
     ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json``. Returns the file names written."""
     entries = list(entries)
     shards = _shards(entries, max_shard_bytes)
@@ -198,13 +207,17 @@ def write_streamed(
         with open(out_dir / fname, "wb") as f:
             f.write(_header_bytes(shard))
             for name, dtype, shape in shard:
-                t = produce(name)
-                if t.dtype != dtype or tuple(t.shape) != tuple(shape):
-                    raise ValueError(f"{name}: produced {t.dtype} {tuple(t.shape)}, planned {dtype} {tuple(shape)}")
-                if t.numel():
-                    f.write(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
+                written = 0
+                for t in produce(name):
+                    if t.dtype != dtype or tuple(t.shape[1:]) != tuple(shape[1:]):
+                        raise ValueError(f"{name}: produced {t.dtype} {tuple(t.shape)}, planned {dtype} {shape}")
+                    if t.numel():
+                        f.write(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
+                    written += t.numel()
+                    del t
+                if written != math.prod(shape):
+                    raise ValueError(f"{name}: produced {written} elements, planned {math.prod(shape)}")
                 weight_map[name] = fname
-                del t
     if len(names) > 1:
         total = sum(_nbytes(d, s) for _, d, s in entries)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
