@@ -108,6 +108,16 @@ def test_every_tensor_matches_the_closed_form(tmp_path, family, schedule, args, 
     assert record["alpha"] == values["a"] and record["schedule"]["name"] == schedule
 
 
+@pytest.mark.parametrize(("args", "gamma"), [(["--llrd-bottom-scale", "0.64"], 0.8), (["--llrd"], 0.95)])
+def test_a_bottom_scale_or_a_bare_llrd_gives_the_geometric_gamma(tmp_path, args, gamma):
+    base, tuned = _pair(tmp_path, "llama")
+    out = tmp_path / "out"
+    r = _merge(base, tuned, out, "--alpha", "0.5", *args)
+    assert r.exit_code == 0, r.output
+    _check_closed_form(base, tuned, out, "geometric", a=0.5, gamma=gamma)
+    assert json.loads((out / "merge.json").read_text())["schedule"]["gamma"] == pytest.approx(gamma, rel=1e-12)
+
+
 def test_tied_embedding_moves_like_block_0_or_like_the_head(tmp_path):
     base, tuned = _pair(tmp_path, "qwen2")
     b, t = load_file(base / "model.safetensors"), load_file(tuned / "model.safetensors")

@@ -186,5 +186,4 @@ MERGE: tuple[Opt, ...] = (
         panel="Run",
         recipe=False,
     ),
-    Opt("debug", bool, False, "Show full tracebacks.", _CMD, panel="Run", recipe=False),
 )
