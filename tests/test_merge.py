@@ -291,6 +291,13 @@ def test_bad_options_exit_2_before_a_weight_is_read(tmp_path, no_weights_read, a
     assert "Traceback" not in r.output and not (tmp_path / "out").exists()
 
 
+def test_a_block_list_that_is_not_there_exits_2_before_anything_is_written(tmp_path):
+    base, tuned = _pair(tmp_path, "llama")
+    r = _merge(base, tuned, tmp_path / "out", "--alpha", "0.5", "--llrd", "0.9", "--llrd-blocks", "model.nope")
+    assert r.exit_code == 2 and "--llrd-blocks" in r.output and "model.layers" in r.output, r.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_different_architectures_exit_2_from_the_configs(tmp_path, no_weights_read):
     llama, _ = _pair(tmp_path, "llama")
     _, gpt2 = _pair(tmp_path, "gpt2")

@@ -139,9 +139,11 @@ def main(cfg) -> None:
     quiet_progress_bars()
     base, tuned, base_tensors, tuned_tensors = _sources(cfg)
     gamma = _gamma(cfg, base)
+    all_scales = _scales(cfg, base, gamma)  # the plan on the meta device: a bad --llrd-blocks fails here
+    measuring = bool(cfg.eval_dataset or cfg.ood_eval)
+    examples = _eval_examples(cfg) if cfg.eval_dataset else None  # a bad eval set fails before anything is written
     run_dir = outdir.prepare(cfg)
     with run_dir:
-        all_scales = _scales(cfg, base, gamma)
         if tuned_tensors is None:
             tuned_tensors = _adapter_tensors(base, tuned, base_tensors, cfg.trust_remote_code)
         records = {"base": src.source_record(base), "model": src.source_record(tuned)}
@@ -150,20 +152,38 @@ def main(cfg) -> None:
         targets = [out if single else out / f"alpha-{s.alpha:g}" for s in all_scales]
         run_dir.start()
         run_dir.own(_top_names(targets, single, cfg, tuned_tensors))
-        written = []
         for scales, target in zip(all_scales, targets):
-            written.append(_write_one(cfg, scales, gamma, target, base, tuned, base_tensors, tuned_tensors, records))
-        if cfg.eval_dataset or cfg.ood_eval:
+            _write_one(cfg, scales, gamma, target, base, tuned, base_tensors, tuned_tensors, records)
+            banner.console.print(_summary(scales, target))
+        if measuring:
             from posttrainllm.merging import frontier
 
-            pairs = [(s.alpha, d) for s, d in zip(all_scales, written)]
-            frontier.measure_and_report(cfg, base.path, pairs, out / RESULTS, schedule_of(cfg))
+            pairs = [(s.alpha, d) for s, d in zip(all_scales, targets)]
+            frontier.measure_and_report(cfg, base.path, pairs, out / RESULTS, schedule_of(cfg), examples)
             if cfg.discard_weights:
                 for target in targets:
                     shutil.rmtree(target, ignore_errors=True)
         run_dir.finish()
-    where = f"{out}/{RESULTS}" if (cfg.eval_dataset or cfg.ood_eval) else (targets[0] if single else out)
-    banner.console.print(f"merged: {where}")
+    if measuring:
+        banner.console.print(f"results: {out / RESULTS}")
+
+
+def _eval_examples(cfg):
+    from posttrainllm import data
+
+    return data.load(cfg.eval_dataset)
+
+
+def _summary(scales, target: Path) -> str:
+    """One line per merge: where it went and the s it gave the bottom and the top of the model."""
+    if scales.schedule == "uniform":
+        how = f"s = {scales.alpha:g} everywhere"
+    else:
+        s = {r["block"]: r["scale"] for r in scales.rows}
+        n = scales.num_blocks
+        how = f"{scales.schedule}: s = {s['block_0']:.4g} at block 0 (and the embeddings) … {s[f'block_{n - 1}']:.4g}"
+        how += f" at block {n - 1}, {s['head']:.4g} for the head"
+    return f"merged α = {scales.alpha:g} ({how}) into {target}"
 
 
 def _top_names(targets: list[Path], single: bool, cfg, tuned_tensors) -> list[str]:
@@ -193,7 +213,7 @@ def _adapter_tensors(base, tuned, base_tensors, trust_remote_code: bool):
     return tensors
 
 
-def _write_one(cfg, scales, gamma, target: Path, base, tuned, base_tensors, tuned_tensors, records) -> Path:
+def _write_one(cfg, scales, gamma, target: Path, base, tuned, base_tensors, tuned_tensors, records) -> None:
     """One merged model directory: weights (streamed), config and tokenizer files, merge.json, model card."""
     from posttrainllm import merging
     from posttrainllm.merging import sources as src
@@ -222,7 +242,6 @@ def _write_one(cfg, scales, gamma, target: Path, base, tuned, base_tensors, tune
     }
     (target / CARD).write_text(_card(record), encoding="utf-8")
     write_json(target / MERGE_RECORD, record)
-    return target
 
 
 def _card(record: dict) -> str:

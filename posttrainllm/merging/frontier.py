@@ -109,15 +109,14 @@ def _mark_frontier(points: list[dict]) -> None:
         p["frontier"] = not any(key(q) != a and key(q)[0] <= a[0] and key(q)[1] <= a[1] for q in points)
 
 
-def measure_and_report(cfg, base_dir, merged: list[tuple[float, object]], results_path, schedule: dict) -> dict:
-    """Evaluate the base once and every merged directory (alpha, directory), write `results_path` (with the
-    `schedule` record) and print the frontier table. Returns the results."""
+def measure_and_report(cfg, base_dir, merged: list[tuple[float, object]], results_path, schedule: dict, examples):
+    """Evaluate the base once and every merged directory (alpha, directory) on cfg.ood_eval and the eval set
+    `examples` (or None), write `results_path` (with the `schedule` record) and print the frontier table. Returns
+    the results."""
     import gc
 
-    from posttrainllm import data
     from posttrainllm.evaluate import load_for_eval
 
-    examples = data.load(cfg.eval_dataset) if cfg.eval_dataset else None
     base_model, tokenizer = load_for_eval(str(base_dir), trust_remote_code=cfg.trust_remote_code)
     recorder = _Recorder(base_model)
     texts = list(cfg.ood_eval or [])
