@@ -342,6 +342,17 @@ def test_the_output_is_never_an_input_nor_inside_one(tmp_path, no_weights_read, 
     assert (sorted(p.name for p in base.iterdir()), sorted(p.name for p in tuned.iterdir())) == before
 
 
+def test_an_adapter_of_another_architecture_exits_2(tmp_path, no_weights_read):
+    llama, _ = _pair(tmp_path, "llama")
+    gpt2, _ = _pair(tmp_path, "gpt2")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(gpt2)}))
+    no_weights_read()
+    r = _merge(llama, adapter, tmp_path / "out", "--alpha", "0.5")
+    assert r.exit_code == 2 and "LoRA adapter of a gpt2 model" in " ".join(r.output.split()), r.output
+
+
 def test_an_adapter_as_base_is_refused(tmp_path, no_weights_read):
     base, tuned = _pair(tmp_path, "llama")
     adapter = tmp_path / "adapter"

@@ -99,6 +99,15 @@ def check_architectures(base: Source, tuned: Source) -> None:
     """The two configs name the same model type and architecture (for an adapter: its recorded base's type, when
     the adapter says); else a UsageError naming both."""
     if tuned.is_adapter:
+        recorded = Path(str(tuned.config.get("base_model_name_or_path") or "")).expanduser()
+        if not (recorded / "config.json").is_file():
+            return  # a hub id or a moved directory: peft reports a mismatch when it merges
+        other = _read_json(recorded / "config.json", "--model")
+        if other.get("model_type") != base.config.get("model_type"):
+            raise UsageError(
+                f"--model {shorten(tuned.ref)} is a LoRA adapter of a {other.get('model_type')} model ({recorded}), "
+                f"--base {shorten(base.ref)} is {base.config.get('model_type')}: pass the adapter's own base"
+            )
         return
     for key in ("model_type", "architectures"):
         b, t = base.config.get(key), tuned.config.get(key)
