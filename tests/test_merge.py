@@ -17,7 +17,7 @@ from posttrainllm.cli import app
 runner = CliRunner()
 N = 3
 BLOCK_RE = re.compile(r"(?:layers|h)\.(\d+)\.")
-EMBEDDINGS = ("model.embed_tokens.", "transformer.wte.", "transformer.wpe.")
+EMBEDDINGS = ("model.embed_tokens.", "transformer.wte.", "transformer.wpe.", "gpt_neox.embed_in.")
 _DECODER = dict(
     hidden_size=16,
     intermediate_size=32,
@@ -45,7 +45,8 @@ def _pair(tmp_path, family, *, dtype=torch.float32, tok=None, seed=0, **extra):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tok = tok or _tokenizer()
-    cfg = AutoConfig.for_model(family, vocab_size=extra.pop("vocab_size", len(tok)), **{**FAMILIES[family], **extra})
+    kwargs = {**FAMILIES.get(family, _DECODER), **extra}
+    cfg = AutoConfig.for_model(family, vocab_size=kwargs.pop("vocab_size", len(tok)), **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).to(dtype)
     dirs = []
@@ -116,6 +117,22 @@ def test_a_bottom_scale_or_a_bare_llrd_gives_the_geometric_gamma(tmp_path, args,
     assert r.exit_code == 0, r.output
     _check_closed_form(base, tuned, out, "geometric", a=0.5, gamma=gamma)
     assert json.loads((out / "merge.json").read_text())["schedule"]["gamma"] == pytest.approx(gamma, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("family", "extra"),
+    [("mixtral", dict(num_local_experts=2, num_experts_per_tok=1)), ("gpt_neox", {})],
+)
+def test_stored_names_that_transformers_renames_get_their_parameters_depth(tmp_path, family, extra):
+    """mixtral stores each expert (the model holds one fused tensor per block); gpt_neox stores its head as
+    embed_out.weight (the model's lm_head.weight): each still moves with its own block, the head with alpha."""
+    base, tuned = _pair(tmp_path, family, **extra)
+    stored = load_file(base / "model.safetensors")
+    assert any(".experts.0." in n for n in stored) or "embed_out.weight" in stored
+    out = tmp_path / "out"
+    r = _merge(base, tuned, out, "--alpha", "0.9", "--depth-schedule", "linear", "--bottom-alpha", "0.3")
+    assert r.exit_code == 0, r.output
+    _check_closed_form(base, tuned, out, "linear", a=0.9, bottom=0.3)
 
 
 def test_tied_embedding_moves_like_block_0_or_like_the_head(tmp_path):

@@ -64,28 +64,30 @@ def _gamma(cfg, base) -> float:
     return bottom_scale_gamma(cfg, n)
 
 
-def _scales(cfg, base, gamma: float):
+def _scales(cfg, base, gamma: float, stored: list[str]):
     """One MergeScales per --alpha, from the layer-decay plan of the base's architecture (built on the meta device:
-    no weights)."""
+    no weights); `stored` (the base's tensor names) are matched to the model's parameters."""
     from posttrainllm import llrd, merging
+    from posttrainllm.merging.sources import checkpoint_names
 
     model = _meta_model(base, cfg.trust_remote_code) if schedule_of(cfg)["name"] != "uniform" else None
+    aliases = checkpoint_names(model, stored) if model is not None else {}
     out = []
     for a in cfg.alpha:
         try:
             if model is None:
                 out.append(merging.MergeScales({}, "uniform", float(a)))
                 continue
-            out.append(
-                merging.merge_scales(
-                    model,
-                    a,
-                    gamma=gamma,
-                    bottom_alpha=cfg.bottom_alpha,
-                    tied_policy=cfg.tied_embeddings,
-                    block_path=cfg.llrd_blocks,
-                )
+            scales = merging.merge_scales(
+                model,
+                a,
+                gamma=gamma,
+                bottom_alpha=cfg.bottom_alpha,
+                tied_policy=cfg.tied_embeddings,
+                block_path=cfg.llrd_blocks,
             )
+            scales.aliases = aliases
+            out.append(scales)
         except llrd.BlockStructureError as e:
             example = e.candidates[0][0] if e.candidates else "model.layers"
             raise ModelStructureError(
@@ -139,7 +141,7 @@ def main(cfg) -> None:
     quiet_progress_bars()
     base, tuned, base_tensors, tuned_tensors = _sources(cfg)
     gamma = _gamma(cfg, base)
-    all_scales = _scales(cfg, base, gamma)  # the plan on the meta device: a bad --llrd-blocks fails here
+    all_scales = _scales(cfg, base, gamma, base_tensors.names())  # the plan on the meta device: a bad --llrd-blocks fails here
     measuring = bool(cfg.eval_dataset or cfg.ood_eval)
     examples = _eval_examples(cfg) if cfg.eval_dataset else None  # a bad eval set fails before anything is written
     run_dir = outdir.prepare(cfg)

@@ -40,10 +40,12 @@ class MergeScales:
     bottom_alpha: float | None = None
     rows: list[dict] = field(default_factory=list)
     tied_param_name: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)  # stored name → parameter name, where they differ
 
     def scale_of(self, name: str) -> float:
-        """The scale of a stored tensor: its parameter's, else that of the nearest module holding parameters (a
-        buffer inside block i moves with block i), else alpha."""
+        """The scale of a stored tensor: its parameter's (``aliases`` maps a stored name to its parameter's), else
+        that of the nearest module holding parameters (a buffer inside block i moves with block i), else alpha."""
+        name = self.aliases.get(name, name)
         if name in self.by_name:
             return self.by_name[name]
         prefix = name

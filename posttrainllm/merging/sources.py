@@ -201,3 +201,22 @@ def source_record(src: Source) -> dict:
 
         record["gguf"] = gguf.read_source(src.path)
     return record
+
+
+def checkpoint_names(model, stored: list[str]) -> dict[str, str]:
+    """Stored tensor name → the model's parameter name, where transformers renames on loading (gpt_neox's
+    ``embed_out.weight`` is ``lm_head.weight``; a mixture of experts stores each expert, the model one fused tensor):
+    transformers' own conversion mapping (the one PEFT uses), applied to a meta-device `model`. Names it leaves as
+    they are are left out; without that API (another transformers), nothing is renamed."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        transforms = get_model_conversion_mapping(model)
+        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        converters = [t for t in transforms if isinstance(t, WeightConverter)]
+        meta = dict(model.state_dict())
+        renamed = {k: rename_source_key(k, renamings, converters, model.base_model_prefix, meta)[0] for k in stored}
+    except Exception:  # noqa: BLE001 - an API that moved: the names as stored (and the prefix rule of scale_of)
+        return {}
+    return {k: v for k, v in renamed.items() if v != k}
