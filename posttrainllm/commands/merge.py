@@ -141,7 +141,8 @@ def main(cfg) -> None:
     quiet_progress_bars()
     base, tuned, base_tensors, tuned_tensors = _sources(cfg)
     gamma = _gamma(cfg, base)
-    all_scales = _scales(cfg, base, gamma, base_tensors.names())  # the plan on the meta device: a bad --llrd-blocks fails here
+    # the plan on the meta device: a bad --llrd-blocks fails here, before the output directory is claimed
+    all_scales = _scales(cfg, base, gamma, base_tensors.names())
     measuring = bool(cfg.eval_dataset or cfg.ood_eval)
     examples = _eval_examples(cfg) if cfg.eval_dataset else None  # a bad eval set fails before anything is written
     run_dir = outdir.prepare(cfg)
