@@ -91,7 +91,7 @@ def _check_closed_form(base_dir, tuned_dir, out_dir, schedule, a, gamma=1.0, bot
 
 
 SCHEDULES = [
-    ("uniform", ["--alpha", "0.3"], dict(a=0.3)),
+    ("uniform", ["--alpha", "0.3", "--depth-schedule", "uniform"], dict(a=0.3)),
     ("geometric", ["--alpha", "0.9", "--llrd", "0.6"], dict(a=0.9, gamma=0.6)),
     ("linear", ["--alpha", "0.8", "--depth-schedule", "linear", "--bottom-alpha", "0.2"], dict(a=0.8, bottom=0.2)),
 ]
@@ -155,6 +155,8 @@ def test_alpha_1_is_the_tuned_model_and_alpha_0_the_base_bit_for_bit(tmp_path, f
         for extra in ([], ["--depth-schedule", "linear", "--bottom-alpha", a]):
             out = tmp_path / f"out-{a}-{len(extra)}"
             assert _merge(base, tuned, out, "--alpha", a, *extra).exit_code == 0
+            # the very file: same header (names, order, dtypes, offsets), same bytes
+            assert (out / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
             want, got = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
             assert sorted(got) == sorted(want)
             for name in want:
@@ -291,6 +293,8 @@ def no_weights_read(monkeypatch):
         (["--alpha", "0.5", "--depth-schedule", "linear", "--bottom-alpha", "1.2"], "--bottom-alpha must be in"),
         (["--alpha", "0.5", "--depth-schedule", "cubic"], "--depth-schedule must be one of"),
         (["--alpha", "0.5", "--depth-schedule", "linear", "--bottom-alpha", "0.1", "--llrd", "0.9"], "not with"),
+        (["--alpha", "0.5", "--depth-schedule", "uniform", "--llrd", "0.9"], "not with --depth-schedule uniform"),
+        (["--alpha", "0.5", "--depth-schedule", "uniform", "--bottom-alpha", "0.1"], "goes with --depth-schedule"),
         (["--alpha", "0.5", "--llrd", "0.3"], "--llrd must be a number in [0.5, 1.0]"),
         (["--alpha", "0.5", "--llrd", "0.9", "--llrd-bottom-scale", "0.5"], "both set the layer decay"),
         (["--alpha", "0.5", "--discard-weights"], "--discard-weights"),

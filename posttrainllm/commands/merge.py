@@ -24,8 +24,10 @@ def config_problems(cfg) -> list[str]:
         problems.append("--depth-schedule linear needs --bottom-alpha B (block 0's s, in [0, 1])")
     if cfg.bottom_alpha is not None and not linear:
         problems.append("--bottom-alpha goes with --depth-schedule linear")
-    if linear and (cfg.llrd != 1.0 or cfg.llrd_bottom_scale):
-        problems.append("--llrd / --llrd-bottom-scale set the geometric schedule: not with --depth-schedule linear")
+    if cfg.depth_schedule != "geometric" and (cfg.llrd != 1.0 or cfg.llrd_bottom_scale):
+        problems.append(
+            f"--llrd / --llrd-bottom-scale set the geometric schedule: not with --depth-schedule {cfg.depth_schedule}"
+        )
     alphas = list(cfg.alpha or [])
     twice = sorted({a for a in alphas if alphas.count(a) > 1})
     if twice:

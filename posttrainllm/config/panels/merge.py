@@ -14,7 +14,7 @@ from posttrainllm.config.checks import (
 from posttrainllm.config.opt import Opt
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
 
-MERGE_SCHEDULES = ("geometric", "linear")
+MERGE_SCHEDULES = ("geometric", "linear", "uniform")
 _CMD = ("merge",)
 _PANEL = "Merge"
 
@@ -94,8 +94,8 @@ MERGE: tuple[Opt, ...] = (
         "depth_schedule",
         str,
         "geometric",
-        "geometric (--llrd γ; uniform when γ = 1) or linear (LiNeS: s goes linearly from --bottom-alpha at block 0 "
-        "to A at the top block; embeddings get block 0's s, the head A).",
+        "geometric (--llrd γ; uniform when γ = 1), linear (LiNeS: s goes linearly from --bottom-alpha at block 0 "
+        "to A at the top block; embeddings get block 0's s, the head A) or uniform (s = A everywhere, WiSE-FT).",
         _CMD,
         one_of(MERGE_SCHEDULES),
         "SCHEDULE",
