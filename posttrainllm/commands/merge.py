@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from posttrainllm import banner
+from posttrainllm import __version__, banner
 from posttrainllm.errors import ConfigErrors, ModelStructureError, UsageError
 
 MERGE_RECORD = "merge.json"
@@ -244,6 +244,8 @@ def _write_one(cfg, scales, gamma, target: Path, base, tuned, base_tensors, tune
         "base": records["base"],
         "model": records["model"],
         "weights": weights,
+        "command": ["posttrainllm", *cfg.argv],
+        "posttrainllm_version": __version__,
     }
     (target / CARD).write_text(_card(record), encoding="utf-8")
     write_json(target / MERGE_RECORD, record)
