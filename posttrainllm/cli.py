@@ -207,6 +207,13 @@ _register(
     _main_of("generate"),
 )
 _register(
+    "merge",
+    "Merge a tuned model back toward its base, no training: θ = θ_base + s·(θ_tuned − θ_base), s = --alpha (WiSE-FT) "
+    "or set per block by a depth schedule (--llrd γ, or --depth-schedule linear: LiNeS); several --alpha values with "
+    "--eval-dataset/--ood-eval measure each merge.",
+    _main_of("merge"),
+)
+_register(
     "demo",
     "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
     _main_of("demo"),

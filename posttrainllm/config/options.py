@@ -13,12 +13,13 @@ from posttrainllm.config.panels.generate import GENERATE
 from posttrainllm.config.panels.inputs import INPUTS
 from posttrainllm.config.panels.llrd import LLRD
 from posttrainllm.config.panels.lora import LORA
+from posttrainllm.config.panels.merge import MERGE
 from posttrainllm.config.panels.optimisation import OPTIMISATION
 from posttrainllm.config.panels.rl import ONLINE
 from posttrainllm.config.panels.run import RUN_CONTROL
 
 OPTIONS: tuple[Opt, ...] = (
-    INPUTS + LLRD + OPTIMISATION + ONLINE + LORA + FORGETTING + RUN_CONTROL + EVAL + GENERATE + EVERYWHERE
+    INPUTS + LLRD + OPTIMISATION + ONLINE + LORA + FORGETTING + RUN_CONTROL + EVAL + GENERATE + EVERYWHERE + MERGE
 )
 RECIPE_KEYS = {o.recipe_key for o in OPTIONS} | {k for o in OPTIONS for k in o.deprecated}
 

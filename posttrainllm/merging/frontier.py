@@ -1,0 +1,157 @@
+"""Measuring a sweep of merges with no training: for each merge, the in-domain eval loss (completion loss on
+--eval-dataset), the held-out perplexity of each --ood-eval text and the mean per-token KL(base ‖ merge) on it, all
+as `posttrainllm eval` computes them (posttrainllm/evaluate/). The base is evaluated once: its logits on the held-out
+texts are kept (up to a memory budget) and stand in for the base as every merge's KL reference."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from posttrainllm import banner
+from posttrainllm.rundir.layout import write_json
+
+# logits of the base kept for the KL of every merge; beyond this the base is run again for the rest
+CACHE_BYTES = 2 << 30
+
+
+class _Recorder:
+    """The base model, keeping the logits of each batch it scores (while they fit the budget)."""
+
+    def __init__(self, model, budget: int = CACHE_BYTES):
+        self.model, self.budget, self.used = model, budget, 0
+        self.batches: list[tuple] = []
+
+    def __getattr__(self, name):  # device, training, eval(), train(), parameters() ... of the model
+        return getattr(self.model, name)
+
+    def __call__(self, input_ids, **kwargs):
+        out = self.model(input_ids=input_ids, **kwargs)
+        size = out.logits.numel() * out.logits.element_size()
+        kept = out.logits.detach().clone() if self.used + size <= self.budget else None
+        self.used += size if kept is not None else 0
+        self.batches.append((input_ids.detach().clone(), kept))
+        return out
+
+    def replay(self) -> _Replay:
+        return _Replay(self.model, self.batches)
+
+
+class _Replay:
+    """The base as a KL reference: the recorded logits of the same batch, in order; the base's own forward for a
+    batch that was not kept (or is not the recorded one)."""
+
+    def __init__(self, model, batches):
+        self.model, self.batches, self.i = model, batches, 0
+        self.replayed = 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, input_ids, **kwargs):
+        import torch
+
+        i, self.i = self.i, self.i + 1
+        if i < len(self.batches):
+            ids, logits = self.batches[i]
+            if logits is not None and ids.shape == input_ids.shape and torch.equal(ids, input_ids.to(ids.device)):
+                self.replayed += 1
+                return SimpleNamespace(logits=logits)
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def _evaluate(model, tokenizer, cfg, texts: list[str], examples, reference=None) -> dict:
+    from posttrainllm.evaluate import evaluate_files
+
+    return evaluate_files(
+        model,
+        tokenizer,
+        texts,
+        cfg.max_length,
+        sft_examples=examples,
+        progress=True,
+        batch_size=cfg.eval_batch_size,
+        reference=reference,
+    )
+
+
+def _point(label, alpha, results: dict, base: dict, model_dir) -> dict:
+    from posttrainllm.evaluate import forgetting_report
+
+    ood = {k: v for k, v in forgetting_report(base, results).items() if k != "sft"}
+    kls = [v["kl"] for v in ood.values() if v.get("kl") is not None]
+    return {
+        "label": label,
+        "alpha": alpha,
+        "eval_loss": results.get("sft", {}).get("loss"),
+        "held_out": ood,
+        "kl": sum(kls) / len(kls) if kls else None,
+        "ppl_change_pct": _mean([v["change_pct"] for v in ood.values()]),
+        "model_dir": model_dir,
+    }
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _mark_frontier(points: list[dict]) -> None:
+    """A point is on the frontier when no other point is at least as good on both the eval loss and the
+    forgetting (KL to the base, else the held-out perplexity change) and better on one."""
+
+    def key(p):
+        f = p["kl"] if p["kl"] is not None else p["ppl_change_pct"]
+        return (p["eval_loss"] if p["eval_loss"] is not None else 0.0, f if f is not None else 0.0)
+
+    for p in points:
+        a = key(p)
+        p["frontier"] = not any(key(q) != a and key(q)[0] <= a[0] and key(q)[1] <= a[1] for q in points)
+
+
+def measure_and_report(cfg, base_dir, merged: list[tuple[float, object]], results_path, schedule: dict, examples):
+    """Evaluate the base once and every merged directory (alpha, directory) on cfg.ood_eval and the eval set
+    `examples` (or None), write `results_path` (with the `schedule` record) and print the frontier table. Returns
+    the results."""
+    import gc
+
+    from posttrainllm.evaluate import load_for_eval
+
+    base_model, tokenizer = load_for_eval(str(base_dir), trust_remote_code=cfg.trust_remote_code)
+    recorder = _Recorder(base_model)
+    texts = list(cfg.ood_eval or [])
+    base = _evaluate(recorder, tokenizer, cfg, texts, None)  # the held-out texts, their logits kept
+    if examples is not None:
+        base.update(_evaluate(base_model, tokenizer, cfg, [], examples))
+    points = [{**_point("base", 0.0, base, base, None), "kl": 0.0 if texts else None}]
+    for alpha, model_dir in merged:
+        model, _ = load_for_eval(str(model_dir), trust_remote_code=cfg.trust_remote_code)
+        results = _evaluate(model, tokenizer, cfg, texts, examples, reference=recorder.replay())
+        kept = None if cfg.discard_weights else str(model_dir)
+        points.append(_point(f"alpha={alpha:g}", alpha, results, base, kept))
+        del model
+        gc.collect()
+    _mark_frontier(points)
+    out = {"schedule": schedule, "max_length": cfg.max_length, "points": points}
+    write_json(results_path, out)
+    print_table(points)
+    return out
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def print_table(points: list[dict]) -> None:
+    from rich.table import Table
+
+    names = list(points[0]["held_out"]) if points else []
+    t = Table(title="merge frontier (lower is better; * = on the frontier)", title_justify="left")
+    for col in ["merge", "eval loss", *[f"{n} PPL (Δ%)" for n in names], "KL(base ‖ merge)", ""]:
+        t.add_column(col, justify="left" if col == "merge" else "right")
+    for p in points:
+        ppl = [
+            f"{_fmt(p['held_out'][n]['after'], '.4f')} ({_fmt(p['held_out'][n]['change_pct'], '+.2f')})" for n in names
+        ]
+        t.add_row(p["label"], _fmt(p["eval_loss"], ".4f"), *ppl, _fmt(p["kl"], ".5f"), "*" if p["frontier"] else "")
+    banner.console.print(t)
