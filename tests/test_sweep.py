@@ -258,3 +258,50 @@ def test_the_summary_names_each_method_and_compares_each_with_flat():
     assert rec_["best"]["method"] == "flat + KL β=0.1"
     flat_there = rec_["best"]["vs_flat"]["flat_forgetting_pct_at_same_eval_loss"]
     assert flat_there == pytest.approx(10.0 + (2.0 - 1.85) / (2.0 - 1.8) * 20.0)  # flat only: the KL row is not flat
+
+
+@pytest.mark.smoke
+def test_a_sweep_with_merges_puts_every_merge_on_one_frontier_and_skips_them_when_run_again(
+    tiny_model_dir, alpaca_file, ood_file, tmp_path
+):
+    out = tmp_path / "sweep"
+    args = [
+        "sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--eval-dataset",
+        str(alpaca_file), "--ood-eval", str(ood_file), "--llrd", "1.0", "--lr", "3e-3", "--max-steps", "3",
+        "--batch-size", "4", "--max-length", "128", "--output-dir", str(out), "--merge-alpha", "1.0,0.5",
+        "--merge-llrd", "1.0,0.7",
+    ]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    result = json.loads((out / "results.json").read_text())
+    assert not result["failed"]
+    methods = {row["method"]: row for row in result["summary"]}
+    assert set(methods) == {
+        "flat",
+        "merge α=0.5 of flat",
+        "merge α=1 depth γ=0.7 of flat",
+        "merge α=0.5 depth γ=0.7 of flat",
+    }
+    cell = next(c for c in result["cells"] if not c.get("merge"))
+    assert cell["trainer_eval_loss"] is not None  # the trainer's eval loss is kept, the frontier uses the merge's
+    # the α = 1 merge is the cell itself: its held-out change agrees with the run's own forgetting report (within the
+    # gap between the saved weights scored fresh and the in-memory model, a few thousandths of a percent point)
+    own = json.loads((out / "cells" / cell["cell"] / "eval_results.json").read_text())["ood"]
+    for name, change in cell["ood_change_pct"].items():
+        assert change == pytest.approx(own[name]["change_pct"], abs=0.05)
+    # moving back toward the base moves the model less: KL of α = 0.5 below the tuned cell's
+    half = methods["merge α=0.5 of flat"]
+    assert all(half["ood_kl"][n] < methods["flat"]["ood_kl"][n] for n in half["ood_kl"])
+    assert "merge α=0.5 of flat" in (out / "results.md").read_text()
+    # run again: the cell and every merge are skipped, no merge result is rewritten
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "merges").rglob("*.json")}
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "1 already done, 0 to run" in again.output
+    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "merges").rglob("*.json")}
+    assert json.loads((out / "results.json").read_text())["summary"] == result["summary"]
+
+
+def test_merges_in_a_sweep_need_an_eval_dataset_file(tiny_model_dir, alpaca_file, ood_file, tmp_path):
+    r = runner.invoke(app, [*_grid(tiny_model_dir, alpaca_file, ood_file, tmp_path / "s"), "--merge-alpha", "0.5"])
+    assert r.exit_code == 2 and "--merge-alpha needs --eval-dataset" in r.output

@@ -210,6 +210,11 @@ def parse(command: str, args: list[str]) -> SweepSpec:
     if any(s < 0 for s in seeds):
         problems.append("--seeds must be non-negative integers")
     problems += _check_merges(merge_alphas, merge_gammas, "merge_gammas" in found)
+    if merge_alphas and _value(passthrough, "--eval-dataset") is None:
+        problems.append(
+            "--merge-alpha needs --eval-dataset FILE: every merge's in-domain loss is measured on it "
+            "(the rows --eval-split takes are not a file)"
+        )
     if any(n > 0 for n in self_replays) and all(r == 0 for r in replay):
         problems.append("--self-replay above 0 needs a --replay-ratio above 0 (the share of the samples in training)")
     model = _value(passthrough, "--model")

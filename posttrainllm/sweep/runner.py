@@ -140,7 +140,11 @@ def run(spec: SweepSpec, echo=print) -> dict:
             records[rec["cell"]] = rec
             ood = ", ".join(f"{k} {v:+.1f}%" for k, v in rec["ood_change_pct"].items() if v is not None)
             echo(f"[{n}/{len(todo)}] {rec['cell']}: eval loss {rec['eval_loss']:.4f}; {ood} ({rec['seconds']:.0f} s)")
+    if spec.merges():
+        merged = _merges(spec, [c for c in cells if c.name in records], records, failed, echo)
     ordered = [records[c.name] for c in cells if c.name in records]
+    if spec.merges():
+        ordered += merged
     summary = summarize(ordered)
     result = {
         "command": spec.command,
@@ -166,6 +170,28 @@ def run(spec: SweepSpec, echo=print) -> dict:
     note = plot_frontier(summary, spec.output_dir / "frontier.png")
     result["plot_note"] = note
     return result
+
+
+def _merges(spec: SweepSpec, cells: list[Cell], records: dict, failed: list, echo) -> list[dict]:
+    """Every finished cell's merges (posttrainllm/sweep/merges.py), spec.jobs at a time; their records."""
+    from posttrainllm.sweep.merges import run_merges
+
+    echo(f"sweep: merges {', '.join(m.label for m in spec.merges())} of {len(cells)} cells")
+    out: list[dict] = []
+    with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
+        futures = [
+            pool.submit(run_merges, spec, cell, records[cell.name], _env_for(i % spec.jobs, spec.jobs))
+            for i, cell in enumerate(cells)
+        ]
+        for fut in futures:
+            merged, bad = fut.result()
+            out += merged
+            failed += bad
+            for f in bad:
+                echo(f"{f['cell']}: FAILED (exit {f['exit_code']}): {f['error']}")
+            for r in merged:
+                echo(f"{r['cell']}: eval loss {r['eval_loss']:.4f}")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ analysis

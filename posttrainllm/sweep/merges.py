@@ -1,0 +1,114 @@
+"""The sweep's merges: every trained cell merged back toward the base at each --merge-alpha (uniform, and depth-scaled
+at each --merge-llrd γ), measured with no training by `posttrainllm merge ... --eval-dataset --ood-eval
+--discard-weights`, one subprocess per (cell, γ), skipped on a re-run when its settings are unchanged.
+
+All points of a frontier with merges are measured by that one evaluator: the merge of α = 1 is the trained cell
+itself, so the cell's in-domain loss (the completion loss on --eval-dataset) and its held-out perplexity change
+and KL come from the same code as its merges'. The trainer's own eval loss stays in the record as
+`trainer_eval_loss`. Merged weights are not kept (one `posttrainllm merge` command re-creates any of them)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from posttrainllm.sweep.grid import Cell, Merge, SweepSpec, _value
+
+# the cell's options a merge's measurement takes too (the window, the batch, remote code)
+_PASSED = ("--max-length", "--eval-batch-size")
+
+
+def merge_dir(spec: SweepSpec, cell: Cell, gamma: float) -> Path:
+    return spec.output_dir / "merges" / (cell.name + (f"-g{gamma:g}" if gamma != 1.0 else ""))
+
+
+def merge_argv(spec: SweepSpec, cell: Cell, gamma: float) -> list[str]:
+    """`posttrainllm merge` of one cell at every --merge-alpha (1.0 included: the cell itself, measured alike)."""
+    alphas = sorted({*spec.merge_alphas, 1.0})
+    args = [
+        "merge",
+        "--base", str(_value(spec.passthrough, "--model")),
+        "--model", str(spec.output_dir / "cells" / cell.name),
+        "--output-dir", str(merge_dir(spec, cell, gamma)),
+        "--alpha", ",".join(f"{a:g}" for a in alphas),
+        "--eval-dataset", str(_value(spec.passthrough, "--eval-dataset")),
+        "--discard-weights",
+    ]  # fmt: skip
+    if gamma != 1.0:
+        args += ["--llrd", f"{gamma:g}"]
+    for i, tok in enumerate(spec.passthrough):
+        if tok == "--ood-eval" and i + 1 < len(spec.passthrough):
+            args += ["--ood-eval", spec.passthrough[i + 1]]
+    for flag in _PASSED:
+        if (v := _value(spec.passthrough, flag)) is not None:
+            args += [flag, v]
+    if "--trust-remote-code" in spec.passthrough:
+        args.append("--trust-remote-code")
+    return args
+
+
+def _fingerprint(argv: list[str], cell_record: dict) -> str:
+    blob = json.dumps({"argv": argv, "cell": cell_record.get("fingerprint")})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_merges(spec: SweepSpec, cell: Cell, cell_record: dict, env: dict) -> tuple[list[dict], list[dict]]:
+    """(records, failures) of the cell's merges; the cell's own record takes the α = 1 measurement."""
+    records, failed = [], []
+    for gamma in spec.merge_gammas:
+        argv = merge_argv(spec, cell, gamma)
+        d = merge_dir(spec, cell, gamma)
+        done = d / "sweep_merge.json"
+        fp = _fingerprint(argv, cell_record)
+        if not (done.is_file() and json.loads(done.read_text()).get("fingerprint") == fp):
+            failure = _run(argv, d, spec, cell, gamma, env)
+            if failure:
+                failed.append(failure)
+                continue
+            done.write_text(json.dumps({"fingerprint": fp, "argv": argv}))
+        results = json.loads((d / "merge_results.json").read_text())
+        records += _records(results, cell, cell_record, gamma)
+    return records, failed
+
+
+def _run(argv: list[str], d: Path, spec: SweepSpec, cell: Cell, gamma: float, env: dict) -> dict | None:
+    log = spec.output_dir / "logs" / f"{d.name}.merge.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if d.exists() and any(d.iterdir()):
+        argv = [*argv, "--overwrite"]  # an unfinished or differently configured earlier attempt
+    with open(log, "w") as f:
+        f.write("$ posttrainllm " + " ".join(shlex.quote(a) for a in argv) + "\n")
+        f.flush()
+        cmd = [sys.executable, "-m", "posttrainllm", *argv]
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if rc == 0:
+        return None
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+    return {"cell": f"{cell.name} merge γ={gamma:g}", "failed": True, "exit_code": rc, "error": tail[0][:300]}
+
+
+def _records(results: dict, cell: Cell, cell_record: dict, gamma: float) -> list[dict]:
+    """One record per merge point; the α = 1, γ = 1 point updates the cell's own record instead."""
+    out = []
+    for p in results["points"]:
+        if p["label"] == "base":
+            continue
+        measured = {
+            "eval_loss": p["eval_loss"],
+            "ood_change_pct": {n: v.get("change_pct") for n, v in p["held_out"].items()},
+            "ood_kl": {n: v["kl"] for n, v in p["held_out"].items() if v.get("kl") is not None},
+        }
+        merge = Merge(p["alpha"], gamma)
+        if (merge.alpha, merge.gamma) == (1.0, 1.0):
+            cell_record.setdefault("trainer_eval_loss", cell_record.get("eval_loss"))
+            cell_record.update(measured)
+            continue
+        record = {k: cell_record[k] for k in ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "seed")}
+        out.append(
+            {**record, **measured, "cell": f"{cell.name}/{merge.name}", "merge": merge.name, "merge_label": merge.label}
+        )
+    return out
