@@ -194,6 +194,13 @@ def test_a_missing_repository_path_or_a_typo_names_the_bundled_recipe(given, sug
     assert f"`--recipe {suggested}`" in r.output
 
 
+def test_a_link_to_nothing_is_not_taken_for_a_bundled_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "alpaca-sft").symlink_to(tmp_path / "gone.yaml")
+    r = runner.invoke(app, ["sft", "--recipe", "alpaca-sft", "--model", "org/m", "--dataset", "org/d"])
+    assert r.exit_code == 2 and "recipe not found: alpaca-sft (a link to nothing)" in r.output, r.output
+
+
 def test_a_recipe_name_too_long_for_the_file_system_exits_2(tmp_path):
     r = runner.invoke(app, ["sft", "--recipe", "a" * 5000, "--model", "org/m", "--dataset", "org/d"])
     assert r.exit_code == 2, r.output

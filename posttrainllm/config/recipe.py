@@ -26,7 +26,8 @@ def bundled_recipes() -> dict[str, Path]:
 def recipe_file(ref: str) -> Path:
     """The file `--recipe REF` names: REF itself when that path exists (a file of the user's always wins), else the
     bundled recipe named REF (`alpaca-sft-llrd` or `alpaca-sft-llrd.yaml`, no folder). Neither: a UsageError listing
-    the bundled names."""
+    the bundled names. E.g. recipe_file("alpaca-sft-llrd") is BUNDLED_DIR / "alpaca-sft-llrd.yaml", unless the
+    working directory holds a file or folder named alpaca-sft-llrd."""
     p = Path(ref).expanduser()
     try:
         if p.exists() or p.is_symlink():
