@@ -23,12 +23,14 @@ wheel=$(ls "$work"/dist/posttrainllm-*.whl)
 "$work/venv/bin/pip" install -q torch==2.13.0
 "$work/venv/bin/pip" install -q "$wheel"
 posttrainllm="$work/venv/bin/posttrainllm"
+echo "wheel built and installed in $((SECONDS - start)) s"
 
 mkdir "$work/user" && cd "$work/user"
 "$work/venv/bin/python" -c 'import posttrainllm as p, sys; sys.exit("/site-packages/" not in p.__file__)'
 "$posttrainllm" recipes | tee recipes.txt
 grep -q "^alpaca-sft-llrd " recipes.txt
 "$posttrainllm" demo --quick --output-dir demo
+echo "demo --quick done at $((SECONDS - start)) s"
 "$posttrainllm" sft --recipe alpaca-sft-llrd --model demo/base --dataset demo/data/instructions.jsonl \
   --output-dir sft-dry-run --dry-run
 grep -q '"llrd": 0.8' sft-dry-run/run_config.json  # the bundled recipe's γ reached the run
