@@ -214,6 +214,11 @@ _register(
     _main_of("merge"),
 )
 _register(
+    "recipes",
+    "List the curated recipes shipped with posttrainllm, one line each: run one with `--recipe NAME`.",
+    _main_of("recipes"),
+)
+_register(
     "demo",
     "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
     _main_of("demo"),

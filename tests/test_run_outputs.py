@@ -82,7 +82,7 @@ def test_hub_base_model_goes_into_the_front_matter():
     card = render(
         command="dpo",
         argv=["dpo"],
-        recipe="recipes/dpo-llrd.yaml",
+        recipe="dpo-llrd",
         base_model="Qwen/Qwen2.5-0.5B",
         plan=None,
         data={"source": "d.jsonl", "format": "preference", "n_train": 10, "n_eval": 0},
@@ -92,7 +92,7 @@ def test_hub_base_model_goes_into_the_front_matter():
         "base_model: Qwen/Qwen2.5-0.5B" in card
         and "[Qwen/Qwen2.5-0.5B](https://huggingface.co/Qwen/Qwen2.5-0.5B)" in card
     )
-    assert "Recipe: `recipes/dpo-llrd.yaml`" in card and "- dpo" in card and "- llrd" not in card
+    assert "Recipe: `dpo-llrd`" in card and "- dpo" in card and "- llrd" not in card
 
 
 def test_forgetting_report_reaches_tensorboard(tiny_model_dir, alpaca_file, tmp_path):

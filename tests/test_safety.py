@@ -772,12 +772,11 @@ def test_an_offline_hub_id_that_is_not_cached_is_a_usage_error(corpus, tmp_path)
 
 
 def test_a_recipe_whose_model_is_an_earlier_recipes_output_says_which(alpaca_file, tmp_path, monkeypatch):
-    recipes = Path(__file__).resolve().parents[1] / "recipes"
     monkeypatch.chdir(tmp_path)  # runs/shakespeare-base does not exist here
-    r = runner.invoke(app, ["sft", "--recipe", str(recipes / "alpaca-sft.yaml"), "--dataset", str(alpaca_file)])
+    r = runner.invoke(app, ["sft", "--recipe", "alpaca-sft", "--dataset", str(alpaca_file)])
     assert r.exit_code == 2, r.output
-    assert "Hub is offline" in r.output and "shakespeare-pretrain.yaml" in r.output
-    assert "posttrainllm pretrain --recipe recipes/shakespeare-pretrain.yaml" in r.output
+    assert "Hub is offline" in r.output and "recipe shakespeare-pretrain produces" in r.output
+    assert "posttrainllm pretrain --recipe shakespeare-pretrain" in r.output
 
 
 def test_demo_overwrite_refuses_a_directory_holding_files_it_did_not_write(tmp_path):

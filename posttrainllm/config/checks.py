@@ -18,7 +18,7 @@ OFFLINE_DATA = ("sft", "dpo", "kto", "reward", "finetune", "pretrain")  # train 
 TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
 ALL_COMMANDS = (
     "pretrain", "sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "eval", "generate", "demo",
-    "merge",
+    "merge", "recipes",
 )  # fmt: skip
 
 LLRD_MIN, LLRD_MAX = 0.5, 1.0

@@ -3,6 +3,7 @@ that produces a missing model directory. Imports no torch/transformers."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,38 @@ from posttrainllm.refs import special_file
 
 RECIPE_MAX_BYTES = 1 << 20  # recipes are a few hundred bytes; a bound keeps a hostile file from costing memory
 RECIPE_MAX_NODES = 10_000  # values after YAML aliases are expanded (a flat recipe has a few dozen)
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "recipes"  # the curated recipes, shipped inside the package
+
+
+def bundled_recipes() -> dict[str, Path]:
+    """The curated recipes shipped with the package, by name (the file's stem), sorted:
+    {"alpaca-sft": .../posttrainllm/recipes/alpaca-sft.yaml, ...}."""
+    return {p.stem: p for p in sorted(BUNDLED_DIR.glob("*.yaml"), key=lambda p: p.stem)}
+
+
+def recipe_file(ref: str) -> Path:
+    """The file `--recipe REF` names: REF itself when that path exists (a file of the user's always wins), else the
+    bundled recipe named REF (`alpaca-sft-llrd` or `alpaca-sft-llrd.yaml`, no folder). Neither: a UsageError listing
+    the bundled names. E.g. recipe_file("alpaca-sft-llrd") is BUNDLED_DIR / "alpaca-sft-llrd.yaml", unless the
+    working directory holds a file or folder named alpaca-sft-llrd."""
+    p = Path(ref).expanduser()
+    try:
+        if p.exists() or p.is_symlink():
+            return p
+    except OSError as e:  # e.g. a name longer than the file system allows
+        raise UsageError(f"cannot read recipe {shorten(ref)}: {e.strerror or e}") from None
+    bundled = bundled_recipes()
+    name = ref.removesuffix(".yaml")
+    if name in bundled and Path(name).name == name:
+        return bundled[name]
+    stem = Path(ref).stem
+    close = difflib.get_close_matches(stem[:100], bundled, n=1)
+    hint = f" (the bundled recipe of that name is `--recipe {stem}`)" if stem in bundled else ""
+    hint = hint or (f" (did you mean `--recipe {close[0]}`?)" if close else "")
+    raise UsageError(
+        f"recipe not found: {shorten(ref)} is neither a file nor a bundled recipe{hint}; bundled recipes: "
+        f"{', '.join(bundled) or 'none'} (`posttrainllm recipes` describes them)"
+    )
 
 
 def _children(node) -> list:
@@ -83,19 +116,20 @@ def _unique_key_loader(shown: str):
 
 
 def load_recipe(path: str) -> dict[str, Any]:
-    """Read a YAML recipe into a flat dict; problems are UsageErrors (exit 2).
+    """Read a YAML recipe (a file, or a bundled recipe's name: `recipe_file`) into a flat dict; problems are
+    UsageErrors (exit 2).
 
     Bounded on hostile input: only regular files, at most RECIPE_MAX_BYTES, and at most RECIPE_MAX_NODES values
     once YAML aliases are expanded (a 400-byte "billion laughs" is refused before anything is expanded)."""
     import yaml
 
-    p = Path(path).expanduser()
+    p = recipe_file(path)
     shown = shorten(path)
     if not p.exists():
-        raise UsageError(f"recipe not found: {shown}")
+        raise UsageError(f"recipe not found: {shown} (a link to nothing)")
     if p.is_dir():
         raise UsageError(f"recipe {shown} is a directory; pass a .yaml file")
-    kind = special_file(path)
+    kind = special_file(str(p))
     if kind:
         raise UsageError(f"recipe {shown} is {kind}, not a regular file; pass a .yaml file")
     try:
@@ -152,12 +186,15 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 def producing_recipe(recipe: str | None, ref: str) -> str | None:
-    """When `ref` (e.g. runs/shakespeare-base) is the output_dir of a recipe beside `recipe` (or in ./recipes),
-    a hint naming the command that produces it."""
+    """When `ref` (e.g. runs/shakespeare-base) is the output_dir of a recipe beside `recipe`, among the bundled
+    recipes or in ./recipes, a hint naming the command that produces it."""
     dirs = []
     if recipe:
-        dirs.append(Path(recipe).expanduser().parent)
-    dirs.append(Path("recipes"))
+        try:
+            dirs.append(recipe_file(recipe).parent)
+        except UsageError:
+            pass
+    dirs += [BUNDLED_DIR, Path("recipes")]
     want = os.path.normpath(ref.rstrip("/"))
     seen = set()
     for d in dirs:
@@ -176,5 +213,6 @@ def producing_recipe(recipe: str | None, ref: str) -> str | None:
                     if first and first[0].startswith("# posttrainllm ")
                     else f"posttrainllm ... --recipe {f}"
                 )
-                return f"{ref} is what recipe {f} produces: run `{command}` first, or pass --model"
+                shown = f.stem if d.resolve() == BUNDLED_DIR else f
+                return f"{ref} is what recipe {shown} produces: run `{command}` first, or pass --model"
     return None
