@@ -180,9 +180,10 @@ MERGE: tuple[Opt, ...] = (
         "recipe",
         str,
         None,
-        "YAML recipe: keys are these option names; command-line flags override it.",
+        "YAML recipe: a file, or the name of a bundled recipe (`posttrainllm recipes` lists them); keys are these "
+        "option names; command-line flags override it.",
         _CMD,
-        metavar="FILE",
+        metavar="FILE|NAME",
         panel="Run",
         recipe=False,
     ),
