@@ -7,14 +7,22 @@ from posttrainllm.config.opt import Opt
 
 EVERYWHERE: tuple[Opt, ...] = (
     Opt(
-        "recipe",
-        str,
-        None,
-        "YAML recipe: keys are these option names; command-line flags override it.",
-        TRAINING + ("eval",),
+        name="recipe",
+        type=str,
+        default=None,
+        help="YAML recipe: keys are these option names; command-line flags override it.",
+        commands=TRAINING + ("eval",),
         metavar="FILE",
         panel="Run",
         recipe=False,
     ),
-    Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
+    Opt(
+        name="debug",
+        type=bool,
+        default=False,
+        help="Show full tracebacks.",
+        commands=ALL_COMMANDS,
+        panel="Run",
+        recipe=False,
+    ),
 )
