@@ -19,15 +19,28 @@ PKG = Path(posttrainllm.__file__).parent
 ALLOWED = ("commands", "config")  # the rooms that may name a command
 
 
+def _literal_names(node: ast.expr) -> bool:
+    """A command's name written out: "sft", or a tuple/list/set of such strings."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(_literal_names(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
 def command_branches(source: str) -> list[int]:
-    """Lines comparing `<x>.command` with ==, !=, in or not in (a branch on the command's name)."""
+    """Lines comparing `<x>.command` with ==, !=, in or not in, or a variable `command` with a name written out: a
+    branch on the command's name (a check that a given name is in a table, as the sweep's, is not one)."""
     lines = []
     for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Compare):
+        if not isinstance(node, ast.Compare) or not any(
+            isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
+        ):
             continue
         sides = [node.left, *node.comparators]
-        named = any(isinstance(s, ast.Attribute) and s.attr == "command" for s in sides)
-        if named and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+        attribute = any(isinstance(x, ast.Attribute) and x.attr == "command" for x in sides)
+        variable = any(isinstance(x, ast.Name) and x.id == "command" for x in sides) and any(
+            _literal_names(x) for x in sides
+        )
+        if attribute or variable:
             lines.append(node.lineno)
     return lines
 
@@ -36,7 +49,9 @@ def test_the_branch_finder_sees_a_branch_on_the_command():
     assert command_branches('if cfg.command == "sft":\n    pass\n') == [1]
     assert command_branches('x = 1 if cfg.command in ("grpo", "rloo") else 2\n') == [1]
     assert command_branches('if "dpo" != self.cfg.command:\n    pass\n') == [1]
+    assert command_branches('if command == "pretrain":\n    pass\n') == [1]
     assert command_branches("if spec.samples:\n    pass\nname = cfg.command + ' (dry run)'\n") == []
+    assert command_branches("if command not in SWEEP_COMMANDS:\n    pass\n") == []
 
 
 def test_no_branch_on_the_command_outside_commands_and_config():
