@@ -68,9 +68,8 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
     if s.after_plan is not None and is_rank0():
         s.after_plan(run_dir)
     before = ood_eval(s.model, s.tokenizer, s.cfg) if s.cfg.ood_eval else None
-    train_and_finalize(
-        s, spec, refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss), precision, resume_from, run_dir, before
-    )
+    conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, loss mask
+    train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before)
 
 
 def prepare_output(cfg: RunConfig):
