@@ -5,6 +5,7 @@ The console reads no markup: every string printed (a path, a data value, a hint 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -116,7 +117,7 @@ def block_table(plan) -> Table:
     return t
 
 
-def print_banner(title: str, info: dict[str, Any], plan, notes: list[str] = ()) -> None:
+def print_banner(title: str, info: dict[str, Any], plan, notes: Sequence[str] = ()) -> None:
     """The run banner: what runs on what, then the layer-decay row and the per-block table."""
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")

@@ -10,15 +10,19 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from posttrainllm import __version__
+from posttrainllm.commands.registry import SPECS
 from posttrainllm.config import Opt, options_for, resolve
 from posttrainllm.config.argv import with_bare_values
 from posttrainllm.errors import PosttrainError
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 HELP = (
     "LLM post-training (SFT, DPO, raw-text finetune, from-scratch pretrain) on TRL/transformers, with "
@@ -59,6 +63,7 @@ app = typer.Typer(
 def _typer_param(o: Opt) -> inspect.Parameter:
     """An inspect.Parameter carrying the Typer option for one table entry (values arrive raw; config validates)."""
     help_text = o.help + (" [required]" if o.required else "")
+    ann: Any
     if o.type is bool:
         ann = Annotated[
             bool | None, typer.Option(o.cli_flag, help=help_text, show_default=False, rich_help_panel=o.panel)
@@ -96,7 +101,7 @@ def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None
 
     params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
     params += [_typer_param(o) for o in opts]
-    command.__signature__ = inspect.Signature(params)
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__name__ = name
     command.__doc__ = help_text
@@ -138,9 +143,10 @@ def _error(message: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", markup=True)
 
 
-# -- the commands: each hands the resolved config to posttrainllm/commands/<command>.py (heavy imports happen there)
+# -- the commands, from their specs (posttrainllm/commands/registry.py): each hands the resolved config to
+# posttrainllm/commands/<command>.py's main (heavy imports happen there)
 def _main_of(command: str) -> Callable[[Any], None]:
-    def handler(cfg) -> None:
+    def handler(cfg: RunConfig) -> None:
         import importlib
 
         importlib.import_module(f"posttrainllm.commands.{command}").main(cfg)
@@ -148,81 +154,8 @@ def _main_of(command: str) -> Callable[[Any], None]:
     return handler
 
 
-_register(
-    "pretrain",
-    "Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).",
-    _main_of("pretrain"),
-)
-_register(
-    "sft",
-    "Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).",
-    _main_of("sft"),
-)
-_register(
-    "dpo",
-    "Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).",
-    _main_of("dpo"),
-)
-_register(
-    "kto",
-    "Kahneman-Tversky optimisation with TRL's KTOTrainer (unpaired preference data: prompt, completion, label).",
-    _main_of("kto"),
-)
-_register(
-    "reward",
-    "Train a reward model with TRL's RewardTrainer: a score head on the model, learnt from preference pairs "
-    "(the data of dpo).",
-    _main_of("reward"),
-)
-_register(
-    "grpo",
-    "Online RL with TRL's GRPOTrainer: sample completions of your prompts, score them with rewards (regex, exact "
-    "match or --reward-fn), learn from each group's relative rewards.",
-    _main_of("grpo"),
-)
-_register(
-    "rloo",
-    "Online RL with TRL's RLOOTrainer (REINFORCE leave-one-out): prompts and rewards as grpo.",
-    _main_of("rloo"),
-)
-_register(
-    "distill",
-    "On-policy distillation with TRL's DistillationTrainer: the model completes your prompts and learns the "
-    "--teacher's next-token distribution on them.",
-    _main_of("distill"),
-)
-_register(
-    "finetune",
-    "Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
-    _main_of("finetune"),
-)
-_register(
-    "eval",
-    "Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.",
-    _main_of("eval"),
-)
-_register(
-    "generate",
-    "Complete prompts with a trained model (chat template when the tokenizer has one): a quick look at a fine-tune.",
-    _main_of("generate"),
-)
-_register(
-    "merge",
-    "Merge a tuned model back toward its base, no training: θ = θ_base + s·(θ_tuned − θ_base), s = --alpha (WiSE-FT) "
-    "or set per block by a depth schedule (--llrd γ, or --depth-schedule linear: LiNeS); several --alpha values with "
-    "--eval-dataset/--ood-eval measure each merge.",
-    _main_of("merge"),
-)
-_register(
-    "recipes",
-    "List the curated recipes shipped with posttrainllm, one line each: run one with `--recipe NAME`.",
-    _main_of("recipes"),
-)
-_register(
-    "demo",
-    "Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
-    _main_of("demo"),
-)
+for _spec in SPECS.values():
+    _register(_spec.name, _spec.help, _main_of(_spec.name))
 
 
 SWEEP_HELP = """Choose γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every cell of a grid and

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -20,6 +21,9 @@ from posttrainllm import banner
 from posttrainllm.config import resolve
 from posttrainllm.errors import UsageError
 from posttrainllm.rundir.layout import write_json
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 DEMO_GAMMA = 0.8
 TABLE_TITLE = "demo: flat vs layer-wise LR decay (same base, data, steps and LR)"
@@ -89,7 +93,7 @@ def environment(quick: bool) -> dict:
     }
 
 
-def run_demo(cfg) -> None:
+def run_demo(cfg: RunConfig) -> None:
     from posttrainllm.demo_data import write_demo_files
 
     out = Path(cfg.output_dir)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrainllm.errors import DataError, UsageError
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 PROMPT_FORMATS = ("auto", "chat", "alpaca", "plain")
 
@@ -135,7 +138,7 @@ def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: f
     return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def run(cfg, echo=print) -> None:
+def run(cfg: RunConfig, echo=print) -> None:
     """posttrainllm generate: one --prompt to stdout, or --prompts FILE to JSON Lines (stdout or --output)."""
     from transformers import set_seed
 

@@ -2,13 +2,14 @@
 setup → train → cleanup:
 
     prepare the output dir (ownership, lock, resume point)          posttrainllm/rundir/
-    → across the ranks: seed, precision, trainer arguments checked before any model loads
-    → setup(cfg): the command's own part (model, tokenizer, data, plan, banner rows)   posttrainllm/commands/
+    → across the ranks: seed, precision, --trainer-arg checked and the trainer config built, before any model loads
+    → setup(ctx): the command's own part (model, tokenizer, data, plan, banner rows)   posttrainllm/commands/
     → banner, param_groups.json, run_config.json (a dry run stops here)
     → train (or, at the last step already, only the final save)     posttrainllm/training/
     → finalize: final save, drift, forgetting (PPL, KL), records, model card, summary
 
-This is where the CLI path first imports torch/transformers/TRL (through its callees).
+This is where the CLI path first imports torch/transformers/TRL (through its callees). What differs between the
+commands is read off the command's spec (posttrainllm/commands/spec.py), handed in by the command's `main`.
 """
 
 from __future__ import annotations
@@ -17,84 +18,61 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from posttrainllm import banner, records
-from posttrainllm.config.options import COMMAND_DEFAULT_MAX_LENGTH
+from posttrainllm.constants import DEFAULT_WINDOW
+from posttrainllm.context import Context, Setup
 from posttrainllm.errors import TrainingError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 
-TRAINER_KIND = {
-    "sft": "sft", "dpo": "dpo", "kto": "kto", "reward": "reward", "grpo": "grpo", "rloo": "rloo",
-    "distill": "distill", "finetune": "causal_lm", "pretrain": "causal_lm",
-}  # fmt: skip
+if TYPE_CHECKING:
+    from posttrainllm.commands.spec import CommandSpec
+    from posttrainllm.config.runconfig import RunConfig
 
 
-@dataclass
-class Setup:
-    """What a command's setup hands the lifecycle: the (possibly adjusted) config, what trains on what, the plan,
-    and the banner rows, notes and resolved settings to print and record."""
-
-    cfg: Any
-    model: Any
-    tokenizer: Any
-    prepared: Any
-    plan: Any
-    info: dict
-    notes: list[str] = field(default_factory=list)
-    resolved: dict = field(default_factory=dict)
-    ref_model: Any = None
-    model_path: str | None = None
-    after_plan: Callable[[Any], None] | None = None  # run_dir -> None: what to write once the plan is shown
-    reward_funcs: list | None = None  # grpo / rloo: the rewards the trainer scores completions with
-    teacher: Any = None  # distill: the teacher model (frozen, never in the optimizer)
-
-
-@dataclass
-class Context:
-    """What every setup receives: the config, the precision picked, the checked trainer arguments, the resume
-    point."""
-
-    cfg: Any
-    precision: str
-    trainer_args: dict
-    resume_from: Path | None
-
-
-def run(cfg, setup: Callable[[Context], Setup]) -> None:
+def run(cfg: RunConfig, spec: CommandSpec, setup: Callable[[Context], Setup]) -> None:
     """The whole lifecycle of one training command (module docstring)."""
     prepared_output = prepare_output(cfg)
     if prepared_output is None:
         return
     run_dir, resume_from = prepared_output
     with run_dir:  # holds the output directory's lock; puts replaced contents back if the run fails early
-        across_ranks(cfg, lambda: _lifecycle(cfg, setup, run_dir, resume_from))
+        across_ranks(cfg, lambda: _lifecycle(cfg, spec, setup, run_dir, resume_from))
 
 
-def _lifecycle(cfg, setup, run_dir, resume_from) -> None:
+def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -> None:
     from transformers import set_seed
 
     from posttrainllm import models
-    from posttrainllm.training import check_optim_name, quiet_progress_bars
+    from posttrainllm.training import (
+        check_optim_name,
+        check_trainer_args,
+        quiet_progress_bars,
+        refresh_config,
+        trainer_config,
+    )
 
     quiet_progress_bars()
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
-    trainer_args = check_trainer_args(cfg, TRAINER_KIND[cfg.command], precision)
-    s = setup(Context(cfg, precision, trainer_args, resume_from))
+    # --trainer-arg checked once, and the trainer config built once, before any model loads
+    trainer_args = check_trainer_args(spec, cfg.trainer_args or {})
+    conf = trainer_config(spec, cfg, precision, has_eval=bool(cfg.eval_split or cfg.eval_dataset), extra=trainer_args)
+    s = setup(Context(cfg=cfg, spec=spec, precision=precision, trainer_args=trainer_args, resume_from=resume_from))
     if show_plan(s.cfg, s.info, s.plan, s.notes, {**s.resolved, "trainer_args": trainer_args}, run_dir):
         return
     if s.after_plan is not None and is_rank0():
         s.after_plan(run_dir)
     before = ood_eval(s.model, s.tokenizer, s.cfg) if s.cfg.ood_eval else None
-    train_and_finalize(s, precision, resume_from, run_dir, before)
+    conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, loss mask
+    train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before)
 
 
-def prepare_output(cfg):
+def prepare_output(cfg: RunConfig):
     """Output-dir safety before anything heavy (posttrainllm/rundir/outdir.py): checks, the directory's lock (rank 0)
     and the checkpoint to resume from. Returns (run_dir, resume_from), or None when --resume finds the run complete."""
     run_dir = outdir.prepare(cfg)
@@ -118,7 +96,7 @@ def prepare_output(cfg):
     return run_dir, resume_from
 
 
-def show_plan(cfg, info: dict, plan, notes: list[str], extra: dict, run_dir) -> bool:
+def show_plan(cfg: RunConfig, info: dict, plan, notes: list[str], extra: dict, run_dir) -> bool:
     """Banner + param_groups.json + run_config.json (rank 0). Returns True for a dry run (nothing to train).
 
     A real run first lets --overwrite move the previous contents aside (run_dir.start). A dry run writes its plan
@@ -153,15 +131,15 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
 
 
-def ood_eval(model, tokenizer, cfg, reference=None) -> dict:
+def ood_eval(model, tokenizer, cfg: RunConfig, reference=None) -> dict:
     from posttrainllm.evaluate import evaluate_files
 
     # grpo / rloo / distill have no --max-length: their held-out text is read in windows of eval's default length
-    window = cfg.max_length or COMMAND_DEFAULT_MAX_LENGTH["eval"]
+    window = cfg.max_length or DEFAULT_WINDOW
     return evaluate_files(model, tokenizer, list(cfg.ood_eval), window, progress=is_rank0(), reference=reference)
 
 
-def kl_reference(cfg, model_path: str | None, precision: str):
+def kl_reference(cfg: RunConfig, model_path: str | None, precision: str):
     """The base model again, for the forgetting report's KL column: loaded from --model after training (no second
     copy is held while training), on the tuned model's device, in eval mode."""
     from posttrainllm import models
@@ -176,15 +154,7 @@ def kl_reference(cfg, model_path: str | None, precision: str):
     return ref.eval()
 
 
-def check_trainer_args(cfg, kind: str, precision: str) -> dict:
-    """--trainer-arg values checked (and the whole trainer config built once) before any model is loaded."""
-    from posttrainllm.training import check_trainer_args, trainer_config
-
-    trainer_config(kind, cfg, precision, has_eval=bool(cfg.eval_split or cfg.eval_dataset))
-    return check_trainer_args(kind, cfg.trainer_args or {})
-
-
-def across_ranks(cfg, fn) -> None:
+def across_ranks(cfg: RunConfig, fn) -> None:
     """fn() under torchrun/accelerate: the CPU process group with --ddp-timeout, and another rank's failure (a closed
     connection, a timeout) as one clear message (posttrainllm/distributed.py)."""
     from posttrainllm import distributed
@@ -210,31 +180,29 @@ def _at_last_step(trainer, checkpoint: Path) -> int | None:
     return step if step >= max_steps else None
 
 
-def train_and_finalize(s: Setup, precision: str, resume_from, run_dir, before) -> None:
-    """Build the trainer, train (or finish a run that already reached its last step), then finalize."""
+def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume_from, run_dir, before) -> None:
+    """Build the trainer (with `conf`, the run's trainer config), train (or finish a run that already reached its
+    last step), then finalize."""
     from posttrainllm.training import build_trainer
 
     cfg = s.cfg
     guard = signals.InterruptGuard()
     trainer = build_trainer(
-        TRAINER_KIND[cfg.command],
+        spec,
         cfg,
+        args=conf,
         model=s.model,
         tokenizer=s.tokenizer,
         train=s.prepared.train,
         eval_ds=s.prepared.eval,
-        precision=precision,
         plan=s.plan,
-        ref_model=s.ref_model,
         callbacks=[signals.make_callback(guard)],
-        loss=s.prepared.loss,
-        reward_funcs=s.reward_funcs,
-        teacher=s.teacher,
+        **s.trainer_models,
     )
     if cfg.report_to in ("tensorboard", "all"):
         run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
     baseline = None
-    if cfg.command != "pretrain":  # the weights before training, for the drift report (files on disk, no second model)
+    if not spec.from_scratch:  # the weights before training, for the drift report (files on disk, no second model)
         from posttrainllm import drift
 
         baseline = drift.Baseline(trainer.model, s.model_path or cfg.model)
@@ -260,7 +228,7 @@ def _finish_from(trainer, checkpoint: Path, last: int) -> dict:
     return {k: v for h in trainer.state.log_history for k, v in h.items() if k in ("train_loss", "train_runtime")}
 
 
-def _train(cfg, trainer, guard, resume_from) -> dict:
+def _train(cfg: RunConfig, trainer, guard, resume_from) -> dict:
     """trainer.train under the signal guard; an interrupt exits with its code, a NaN/inf mean loss is an error."""
     with guard:
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.config.coerce import convert
+from posttrainllm.config.coerce import check_keyed
 from posttrainllm.constants import LAYER_COUNT_KEYS
 from posttrainllm.errors import ModelError, UsageError, one_line
 
@@ -203,9 +203,9 @@ _LOAD_KWARGS = {
 
 def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = False) -> dict[str, Any]:
     """--model-arg KEY=VALUE: a from_pretrained keyword or a field of the model's config (from_pretrained passes
-    those on to the config); anything else is a UsageError naming the closest keys. `torch_dtype` means `dtype`."""
-    import difflib
-
+    those on to the config); anything else is a UsageError naming the closest keys. `torch_dtype` means `dtype`.
+    The same check as --trainer-arg's (config.coerce.check_keyed); the values have no declared type, so they are
+    read as YAML reads them."""
     from posttrainllm.errors import ConfigErrors
 
     if not raw:
@@ -217,29 +217,17 @@ def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = Fa
         config_keys = set(AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code).to_dict())
     except Exception:  # noqa: BLE001 - the model load reports an unreadable config
         pass
-    valid = _LOAD_KWARGS | config_keys
-    problems, out = [], {}
-    for key, value in raw.items():
-        name = "dtype" if key == "torch_dtype" else key
-        if name in _MODEL_ARG_OWNER:
-            problems.append(f"--model-arg {key}: set it with {_MODEL_ARG_OWNER[name]}")
-        elif name not in valid:
-            close = difflib.get_close_matches(name, sorted(valid), 3)
-            problems.append(
-                f"--model-arg {key}: not a from_pretrained argument nor a config field of {ref}"
-                + (f"; did you mean {', '.join(close)}?" if close else "")
-            )
-        else:
-            out[name] = convert(value)  # no type known: as YAML reads it (posttrainllm/config/coerce.py)
+    out = check_keyed(
+        "--model-arg", raw, dict.fromkeys(sorted(_LOAD_KWARGS | config_keys), Any), owned=_MODEL_ARG_OWNER,
+        unknown=f"not a from_pretrained argument nor a config field of {ref}", aliases={"torch_dtype": "dtype"},
+    )  # fmt: skip
     if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
         import torch
 
         if not isinstance(getattr(torch, out["dtype"], None), torch.dtype):
-            problems.append(
-                f"--model-arg dtype={out['dtype']}: not a torch dtype (e.g. bfloat16, float16, float32, auto)"
+            raise ConfigErrors(
+                [f"--model-arg dtype={out['dtype']}: not a torch dtype (e.g. bfloat16, float16, float32, auto)"]
             )
-    if problems:
-        raise ConfigErrors(problems)
     return out
 
 

@@ -4,8 +4,12 @@ a bottom scale gives, and the max length the model allows. Imports torch only th
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from posttrainllm.errors import ModelStructureError, UsageError
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 # the library's argument (LLRDArgumentError.field) -> the option that sets it; any other: "layer-wise LR decay"
 LLRD_FLAGS = {
@@ -16,7 +20,7 @@ LLRD_FLAGS = {
 }
 
 
-def plan_param_groups(cfg, model):
+def plan_param_groups(cfg: RunConfig, model):
     """The run's one LLRD plan (llrd.build_param_groups), with freezing applied; library errors get the CLI's words.
 
     The plan printed in the banner and saved as param_groups.json is the plan the trainer's optimizer receives."""
@@ -50,10 +54,10 @@ def plan_param_groups(cfg, model):
     return plan
 
 
-def bottom_scale_gamma(cfg, num_blocks: int) -> float:
+def bottom_scale_gamma(cfg: RunConfig, num_blocks: int) -> float:
     """--llrd-bottom-scale S: the γ that gives block 0 (and the embeddings) the LR scale S on `num_blocks` blocks,
     γ = S^(1/(N-1)); a UsageError when that γ is outside the CLI's range."""
-    from posttrainllm.config import LLRD_MAX, LLRD_MIN, LLRD_RANGE
+    from posttrainllm.config.checks import LLRD_MAX, LLRD_MIN, LLRD_RANGE
     from posttrainllm.llrd import gamma_for_bottom_scale
 
     s = cfg.llrd_bottom_scale
@@ -66,7 +70,7 @@ def bottom_scale_gamma(cfg, num_blocks: int) -> float:
     return gamma
 
 
-def bottom_scale_note(cfg, plan) -> list[str]:
+def bottom_scale_note(cfg: RunConfig, plan) -> list[str]:
     """The banner's line saying which γ --llrd-bottom-scale gave."""
     n, s = plan.num_layers, cfg.llrd_bottom_scale
     if not s or n < 2:
@@ -74,7 +78,7 @@ def bottom_scale_note(cfg, plan) -> list[str]:
     return [f"--llrd-bottom-scale {s:g} on {n} blocks: γ = {s:g}^(1/{n - 1}) = {plan.gamma:.4f}"]
 
 
-def clamp_max_length(cfg, limit: int | None):
+def clamp_max_length(cfg: RunConfig, limit: int | None):
     """--max-length above the model's positions would crash models with learned position embeddings: clamp it
     (with a note when the user asked for more; the default simply becomes the model's limit). Returns the
     (possibly new) config and the notes."""
@@ -85,7 +89,7 @@ def clamp_max_length(cfg, limit: int | None):
     return dataclasses.replace(cfg, max_length=limit), ([note] if asked else [])
 
 
-def check_something_trains(cfg, names: list[str] | None) -> None:
+def check_something_trains(cfg: RunConfig, names: list[str] | None) -> None:
     """Before the model loads: when the stored tensor names (posttrainllm/weights.py, local safetensors) are all
     matched by --lr-group patterns of factor 0, nothing would be left to train: a UsageError. Without names, or
     with LoRA (whose adapters are not stored), the plan builder says the same once the model is built."""

@@ -7,12 +7,16 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posttrainllm import banner
 from posttrainllm.rundir.layout import write_json
 
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
-def report_interrupt(cfg, trainer, guard) -> None:
+
+def report_interrupt(cfg: RunConfig, trainer, guard) -> None:
     """Where the interrupt checkpoint is and the command that resumes (rank 0); a note from any other rank that
     stopped because another one received the signal."""
     import shlex
@@ -69,7 +73,7 @@ def write_drift(run_dir, out: Path, report: dict) -> None:
 
 
 def write_model_card(
-    cfg,
+    cfg: RunConfig,
     run_dir,
     plan,
     prepared,
@@ -92,7 +96,7 @@ def write_model_card(
         command=cfg.command,
         argv=cfg.argv,
         recipe=cfg.recipe,
-        base_model=None if cfg.command == "pretrain" else cfg.model,
+        base_model=cfg.model,  # None from scratch (pretrain has no --model)
         plan=plan,
         data=data,
         metrics=metrics,

@@ -22,9 +22,12 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrainllm.errors import UsageError, one_line, shorten
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 
 def completion_text(completion: Any) -> str:
@@ -156,7 +159,7 @@ def _import_file(path: str):
     return module
 
 
-def build_rewards(cfg) -> list[Callable]:
+def build_rewards(cfg: RunConfig) -> list[Callable]:
     """The run's reward functions, in the order --reward-weights follows: the regexes, the exact match, then the
     user's functions."""
     rewards: list[Callable] = [RegexReward(p) for p in cfg.reward_regex or []]
@@ -166,7 +169,7 @@ def build_rewards(cfg) -> list[Callable]:
     return rewards
 
 
-def describe(cfg) -> str:
+def describe(cfg: RunConfig) -> str:
     """The banner's rewards, in --reward-weights' order: ``regex /^a/ + 0.5×exact match with column 'answer'``."""
     names = [f"regex /{shorten(p, 40)}/" for p in cfg.reward_regex or []]
     if cfg.reward_match:

@@ -209,7 +209,7 @@ def test_run_config_fields_match_the_option_table():
 
     from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig
 
-    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "sources", "argv"}
+    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "sources", "argv", "names"}
     names = {o.name for o in OPTIONS} | {o.name for o in EXTRA_OPTIONS.values()}
     assert fields == names
     cfg = RunConfig(command="sft")

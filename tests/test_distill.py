@@ -91,6 +91,7 @@ def test_the_teacher_is_in_no_optimizer_group(tiny_model_dir, teacher_dir, promp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posttrainllm import data as D
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.config.argv import to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
@@ -101,7 +102,7 @@ def test_the_teacher_is_in_no_optimizer_group(tiny_model_dir, teacher_dir, promp
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).requires_grad_(False)
     trainer = build_trainer(
-        "distill", cfg, model=model, tokenizer=tok, train=D.prepare_prompts(str(prompts_file), tok).train,
-        eval_ds=None, precision="fp32", plan=plan_param_groups(cfg, model), teacher=teacher,
+        spec_of("distill"), cfg, model=model, tokenizer=tok, train=D.prepare_prompts(str(prompts_file), tok).train,
+        eval_ds=None, precision="fp32", plan=plan_param_groups(cfg, model), teacher_model=teacher,
     )  # fmt: skip
     check_optimizer_groups(trainer.create_optimizer(), model, 1e-5, 0.5, not_in=[teacher])

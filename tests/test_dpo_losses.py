@@ -81,17 +81,18 @@ def test_unknown_loss_type_exits_2_listing_the_valid_ones(tmp_path):
 
 
 def test_trainer_arg_loss_type_is_refused_for_dpo_only():
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.training import check_trainer_args
 
     with pytest.raises(ConfigErrors, match="set it with --loss-type"):
-        check_trainer_args("dpo", {"loss_type": "ipo"})
+        check_trainer_args(spec_of("dpo"), {"loss_type": "ipo"})
     with pytest.raises(ConfigErrors, match="set it with --loss-weights"):
-        check_trainer_args("dpo", {"loss_weights": "[1]"})
-    assert check_trainer_args("sft", {"loss_type": "dft"}) == {"loss_type": "dft"}  # SFTConfig's own loss_type
+        check_trainer_args(spec_of("dpo"), {"loss_weights": "[1]"})
+    assert check_trainer_args(spec_of("sft"), {"loss_type": "dft"}) == {"loss_type": "dft"}  # SFTConfig's own loss_type
 
 
 def test_banner_text_of_the_losses():
-    from posttrainllm.commands.post_training import dpo_loss_text
+    from posttrainllm.commands.dpo import dpo_loss_text
 
     assert dpo_loss_text(_cfg()) == "sigmoid"
     assert dpo_loss_text(_cfg("--loss-type", "sigmoid,sft")) == "1×sigmoid + 1×sft"
@@ -160,6 +161,7 @@ def dpo_parts(tiny_model_dir, tmp_path_factory):
 
 def _trl_loss(dpo_parts, *flags):
     """The loss of one batch as the DPOTrainer that posttrainllm builds for these flags computes it."""
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
 
@@ -170,7 +172,7 @@ def _trl_loss(dpo_parts, *flags):
         + ["--beta", str(BETA), "--max-length", "64", *flags],
     )
     trainer = build_trainer(
-        "dpo", cfg, model=model, tokenizer=tok, train=train, eval_ds=None, precision="fp32",
+        spec_of("dpo"), cfg, model=model, tokenizer=tok, train=train, eval_ds=None, precision="fp32",
         plan=plan_param_groups(cfg, model), ref_model=ref,
     )  # fmt: skip
     batch = next(iter(trainer.get_train_dataloader()))

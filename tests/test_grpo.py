@@ -242,6 +242,7 @@ def test_optimizer_groups_follow_the_formula_and_hold_no_reference(tiny_model_di
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.config.argv import to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
@@ -253,7 +254,7 @@ def test_optimizer_groups_follow_the_formula_and_hold_no_reference(tiny_model_di
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     prep = D.prepare_prompts(str(prompt_file), tok)
     trainer = build_trainer(
-        "grpo", cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32",
+        spec_of("grpo"), cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32",
         plan=plan_param_groups(cfg, model), reward_funcs=R.build_rewards(cfg),
     )  # fmt: skip
     assert trainer.ref_model is not None

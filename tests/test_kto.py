@@ -106,6 +106,7 @@ def test_optimizer_groups_follow_the_formula_and_hold_no_reference(tiny_model_di
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.config.argv import to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
@@ -121,7 +122,7 @@ def test_optimizer_groups_follow_the_formula_and_hold_no_reference(tiny_model_di
     ref = copy.deepcopy(model).requires_grad_(False)
     prep = D.prepare_kto(str(unpaired_file), tok)
     trainer = build_trainer(
-        "kto", cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32",
+        spec_of("kto"), cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32",
         plan=plan_param_groups(cfg, model), ref_model=ref,
     )  # fmt: skip
     check_optimizer_groups(trainer.create_optimizer(), trainer.model, 1e-3, 0.5, not_in=[trainer.ref_model])

@@ -271,10 +271,9 @@ def test_logged_learning_rate_is_the_base_lr_not_group_0s(tiny_model_dir, text_f
     assert all(h["lr_min"] == pytest.approx(1e-3 * 0.5**3) and h["lr_max"] == pytest.approx(1e-3) for h in logs)
 
 
-@pytest.mark.parametrize(
-    "command,kind", [("sft", "sft"), ("dpo", "dpo"), ("finetune", "causal_lm"), ("pretrain", "causal_lm")]
-)
-def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versions(command, kind, tmp_path):
+@pytest.mark.parametrize("command", ["sft", "dpo", "kto", "reward", "grpo", "rloo", "distill", "finetune", "pretrain"])
+def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versions(command, tmp_path):
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.config import resolve
     from posttrainllm.training import trainer_config
 
@@ -286,9 +285,13 @@ def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versio
     }
     if command != "pretrain":
         values["model"] = "org/model"
+    if command in ("grpo", "rloo"):
+        values["reward_regex"] = ["x"]
+    if command == "distill":
+        values["teacher"] = "org/teacher"
     cfg = resolve(command, values)
     for has_eval in (False, True):
-        conf = trainer_config(kind, cfg, "fp32", has_eval=has_eval)
+        conf = trainer_config(spec_of(command), cfg, "fp32", has_eval=has_eval)
         assert conf.learning_rate == cfg.lr and conf.output_dir == cfg.output_dir
         assert conf.activation_checkpointing is True
 

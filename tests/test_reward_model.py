@@ -54,6 +54,7 @@ def test_groups_follow_the_formula_with_the_score_head_at_the_base_lr(tiny_model
 
     from posttrainllm import data as D
     from posttrainllm import models
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.config.argv import to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
@@ -67,7 +68,7 @@ def test_groups_follow_the_formula_with_the_score_head_at_the_base_lr(tiny_model
     prep = D.prepare_dpo(str(preference_file), tok)
     plan = plan_param_groups(cfg, model)
     trainer = build_trainer(
-        "reward", cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32", plan=plan
+        spec_of("reward"), cfg, model=model, tokenizer=tok, train=prep.train, eval_ds=None, precision="fp32", plan=plan
     )
     by_name = check_optimizer_groups(trainer.create_optimizer(), trainer.model, 1e-3, 0.5)
     assert any(p is model.score.weight for p in by_name["head"]["params"])

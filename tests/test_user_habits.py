@@ -99,14 +99,16 @@ def test_bad_trainer_args_exit_2_before_any_model_is_loaded(arg, fragment, tmp_p
 
 
 def test_trainer_args_are_checked_per_command(tmp_path, text_file):
+    from posttrainllm.commands.registry import spec_of
     from posttrainllm.errors import ConfigErrors
     from posttrainllm.training import check_trainer_args
 
-    assert check_trainer_args("causal_lm", {"label_names": "a,b"}) == {"label_names": ["a", "b"]}  # list[str] field
+    finetune = spec_of("finetune")
+    assert check_trainer_args(finetune, {"label_names": "a,b"}) == {"label_names": ["a", "b"]}  # list[str] field
     with pytest.raises(ConfigErrors, match="set it with --loss-type"):
-        check_trainer_args("dpo", {"loss_type": "ipo,sft"})  # DPO's loss is a posttrainllm option
+        check_trainer_args(spec_of("dpo"), {"loss_type": "ipo,sft"})  # DPO's loss is a posttrainllm option
     with pytest.raises(ConfigErrors, match="not a field of TrainingArguments"):
-        check_trainer_args("causal_lm", {"packing": "true"})  # an SFT field: not for finetune
+        check_trainer_args(spec_of("finetune"), {"packing": "true"})  # an SFT field: not for finetune
 
 
 @pytest.mark.smoke

@@ -1,3 +1,4 @@
-"""One module per command, each with `main(cfg)`: what the command needs (its models, its data shape, its banner
-rows) and nothing else; the shared run lives in posttrainllm/lifecycle.py. The CLI (posttrainllm/cli.py) calls
+"""One module per command, each with its `SPEC` (posttrainllm/commands/spec.py: what the command is, as data) and
+`main(cfg)`; `registry.py` lists the specs. The shared run lives in posttrainllm/lifecycle.py and reads the spec
+its command hands it. The CLI (posttrainllm/cli.py) registers the commands from the registry and calls
 `posttrainllm.commands.<command>.main` with the resolved config."""

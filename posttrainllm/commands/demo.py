@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING
 
-def main(cfg) -> None:
-    from posttrainllm import demo
+from posttrainllm.commands.spec import CommandSpec
 
-    demo.run_demo(cfg)
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
+
+SPEC = CommandSpec(
+    name="demo",
+    help="Offline end-to-end demo: pre-train a tiny model on stdlib sources, SFT it flat vs with LLRD, compare.",
+)
+
+
+def main(cfg: RunConfig) -> None:
+    # by name: the demo resolves the configs of the commands it runs (posttrainllm/config/, which reads this spec)
+    importlib.import_module("posttrainllm.demo").run_demo(cfg)

@@ -5,17 +5,36 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from posttrainllm import banner
-from posttrainllm.errors import UsageError
-from posttrainllm.planning import clamp_max_length
+from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.constants import DEFAULT_WINDOW
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
+
+
+def _something_to_evaluate(command: str, v: Mapping[str, Any]) -> list[str]:
+    if not v.get("text") and not v.get("sft_dataset"):
+        return ["nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE"]
+    return []
+
+
+SPEC = CommandSpec(
+    name="eval",
+    help="Perplexity of text files (non-overlapping windows) and completion loss on an instruction set.",
+    max_length=DEFAULT_WINDOW,
+    checks=(_something_to_evaluate,),
+)
 
 _TOKENIZER_PROBE = "The quick brown fox, 1234 times.\ndef f(x):\n    return {'a': x}  # ünïcode"
 
 
-def _eval_reference(cfg, tokenizer):
+def _eval_reference(cfg: RunConfig, tokenizer):
     """eval --reference: the reference model, checked to tokenize like the model (KL compares token by token)."""
     from posttrainllm import evaluate as ev
+    from posttrainllm.errors import UsageError
 
     ref_model, ref_tok = ev.load_for_eval(cfg.reference, trust_remote_code=cfg.trust_remote_code)
     ids = tokenizer(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
@@ -27,11 +46,13 @@ def _eval_reference(cfg, tokenizer):
     return ref_model
 
 
-def main(cfg) -> None:
+def main(cfg: RunConfig) -> None:
     """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
+    from posttrainllm import banner
     from posttrainllm import evaluate as ev
-    from posttrainllm.config import producing_recipe
+    from posttrainllm.config.recipe import producing_recipe
     from posttrainllm.models import resolve_model
+    from posttrainllm.planning import clamp_max_length
     from posttrainllm.training import quiet_progress_bars
 
     quiet_progress_bars()

@@ -1,12 +1,33 @@
 """`posttrainllm finetune`: Causal-LM training on raw text with transformers' Trainer.
 
-The setup sft, dpo and finetune share is posttrainllm/commands/post_training.py."""
+The setup the post-training commands share is posttrainllm/commands/post_training.py."""
 
 from __future__ import annotations
 
-from posttrainllm import lifecycle
-from posttrainllm.commands import post_training
+from typing import TYPE_CHECKING
+
+from posttrainllm.commands.sft import max_length_steps
+from posttrainllm.commands.spec import CommandSpec
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
+
+SPEC = CommandSpec(
+    name="finetune",
+    help="Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
+    trainer="transformers:Trainer",
+    trainer_config="transformers:TrainingArguments",
+    collator="transformers:default_data_collator",
+    data="text",
+    needs_eos=False,
+    lr=2e-5,
+    max_length=512,
+    steps=max_length_steps,
+)
 
 
-def main(cfg) -> None:
-    lifecycle.run(cfg, post_training.setup)
+def main(cfg: RunConfig) -> None:
+    from posttrainllm import lifecycle
+    from posttrainllm.commands import post_training
+
+    lifecycle.run(cfg, SPEC, post_training.setup)

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 from posttrainllm import __version__, banner
+from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.errors import ConfigErrors, ModelStructureError, UsageError
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 MERGE_RECORD = "merge.json"
 RESULTS = "merge_results.json"
@@ -16,7 +22,7 @@ CARD = "README.md"
 FORMULA = "θ = θ_base + s·(θ_tuned − θ_base)"
 
 
-def config_problems(cfg) -> list[str]:
+def config_problems(cfg: RunConfig) -> list[str]:
     """The merge's own cross-checks (the options' ranges are checked by the option table), all at once."""
     problems = []
     linear = cfg.depth_schedule == "linear"
@@ -37,7 +43,20 @@ def config_problems(cfg) -> list[str]:
     return problems
 
 
-def schedule_of(cfg) -> dict:
+def _checks(command: str, values) -> list[str]:
+    return config_problems(cast("RunConfig", SimpleNamespace(**values)))
+
+
+SPEC = CommandSpec(
+    name="merge",
+    help="Merge a tuned model back toward its base, no training: θ = θ_base + s·(θ_tuned − θ_base), s = --alpha "
+    "(WiSE-FT) or set per block by a depth schedule (--llrd γ, or --depth-schedule linear: LiNeS); several --alpha "
+    "values with --eval-dataset/--ood-eval measure each merge.",
+    checks=(_checks,),
+)
+
+
+def schedule_of(cfg: RunConfig) -> dict:
     """The schedule as merge.json records it (γ resolved later from the block count for a bottom scale)."""
     if cfg.depth_schedule == "linear":
         name = "linear"
@@ -53,7 +72,7 @@ def schedule_of(cfg) -> dict:
     }
 
 
-def _gamma(cfg, base) -> float:
+def _gamma(cfg: RunConfig, base) -> float:
     """The geometric schedule's γ: --llrd, or the one --llrd-bottom-scale gives on the base's block count."""
     if not cfg.llrd_bottom_scale or cfg.depth_schedule == "linear":
         return cfg.llrd
@@ -66,7 +85,7 @@ def _gamma(cfg, base) -> float:
     return bottom_scale_gamma(cfg, n)
 
 
-def _scales(cfg, base, gamma: float, stored: list[str]):
+def _scales(cfg: RunConfig, base, gamma: float, stored: list[str]):
     """One MergeScales per --alpha, from the layer-decay plan of the base's architecture (built on the meta device:
     no weights); `stored` (the base's tensor names) are matched to the model's parameters."""
     from posttrainllm import llrd, merging
@@ -110,7 +129,7 @@ def _meta_model(base, trust_remote_code: bool):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def _sources(cfg):
+def _sources(cfg: RunConfig):
     """Both sources resolved and checked against each other: architecture, output directory, tensor names and
     shapes (headers only), tokenizers. Every refusal is a UsageError before a weight is read."""
     from posttrainllm import merging
@@ -131,7 +150,7 @@ def _sources(cfg):
     return base, tuned, base_tensors, tuned_tensors
 
 
-def main(cfg) -> None:
+def main(cfg: RunConfig) -> None:
     """posttrainllm merge: checks, then one streamed merge per --alpha, then (with an eval set) the frontier."""
     from posttrainllm.merging import sources as src
     from posttrainllm.rundir import outdir
@@ -173,7 +192,7 @@ def main(cfg) -> None:
         banner.console.print(f"results: {out / RESULTS}")
 
 
-def _eval_examples(cfg):
+def _eval_examples(cfg: RunConfig):
     from posttrainllm import data
 
     return data.load(cfg.eval_dataset)
@@ -191,7 +210,7 @@ def _summary(scales, target: Path) -> str:
     return f"merged α = {scales.alpha:g} ({how}) into {target}"
 
 
-def _top_names(targets: list[Path], single: bool, cfg, tuned_tensors) -> list[str]:
+def _top_names(targets: list[Path], single: bool, cfg: RunConfig, tuned_tensors) -> list[str]:
     """The top-level names this merge writes into the output directory (recorded as ours before writing them)."""
     from posttrainllm.merging import planned_weight_files
     from posttrainllm.merging.sources import CONFIG_FILES, TOKENIZER_FILES
@@ -218,7 +237,7 @@ def _adapter_tensors(base, tuned, base_tensors, trust_remote_code: bool):
     return tensors
 
 
-def _write_one(cfg, scales, gamma, target: Path, base, tuned, base_tensors, tuned_tensors, records) -> None:
+def _write_one(cfg: RunConfig, scales, gamma, target: Path, base, tuned, base_tensors, tuned_tensors, records) -> None:
     """One merged model directory: weights (streamed), config and tokenizer files, merge.json, model card."""
     from posttrainllm import merging
     from posttrainllm.merging import sources as src

@@ -1,15 +1,17 @@
-"""The setup sft, dpo, kto, grpo, rloo and finetune share: start from a model (a directory, a hub id or a GGUF
-file), fit the tokenizer, prepare the data of the command's shape, load the model (and the DPO / KTO reference; the
-GRPO / RLOO rewards), LoRA, plan."""
+"""The setup every post-training command shares (sft, dpo, kto, reward, grpo, rloo, distill, finetune): start from a
+model (a directory, a hub id or a GGUF file), fit the tokenizer, prepare the data of the command's shape, load the
+model (and the reference or teacher; the rewards), LoRA, plan. What differs is read off the command's spec
+(`ctx.spec`, posttrainllm/commands/spec.py)."""
 
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING, Any
 
 from posttrainllm import banner
-from posttrainllm.config.checks import ONLINE_RL  # the commands that sample completions and score them with rewards
+from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.context import Context, Setup
 from posttrainllm.errors import UsageError
-from posttrainllm.lifecycle import Context, Setup, device_name
 from posttrainllm.planning import (
     bottom_scale_gamma,
     bottom_scale_note,
@@ -18,17 +20,18 @@ from posttrainllm.planning import (
     plan_param_groups,
 )
 
-PREFERENCE = ("dpo", "kto")  # the commands with a reference model we load
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 
 def setup(ctx: Context) -> Setup:
     from posttrainllm import models, weights
     from posttrainllm.data import check_reward_columns, label_note, pipeline
 
-    cfg = ctx.cfg
-    rewards = _rewards(cfg)  # the user's reward code is imported first: a bad --reward-fn stops before any model
-    model_path, source, ref_path, ref_source = _resolve_models(cfg)
-    if cfg.command == "distill":
+    cfg, spec = ctx.cfg, ctx.spec
+    rewards = _rewards(cfg, spec)  # the user's reward code is imported first: a bad --reward-fn stops before any model
+    model_path, source, ref_path, ref_source = _resolve_models(cfg, spec)
+    if spec.reference == "teacher":
         _check_same_vocabulary(cfg, model_path, ref_path)
     names = weights.check_config(model_path, allow_new_weights=cfg.allow_new_weights)  # before anything heavy
     check_something_trains(cfg, names)
@@ -36,25 +39,22 @@ def setup(ctx: Context) -> Setup:
     notes: list[str] = models.precision_notes(ctx.precision)
     if source and (low := gguf_note(source)):
         notes.append(low)
-    tokenizer = models.load_tokenizer(
-        model_path, cfg.trust_remote_code, need_eos=cfg.command != "finetune", notes=notes
-    )
+    tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code, need_eos=spec.needs_eos, notes=notes)
     cfg, clamped = clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
     notes += clamped
     if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
-    prepared = pipeline.prepare(cfg, tokenizer)
-    if cfg.command in ONLINE_RL:
+    prepared = pipeline.prepare(cfg, tokenizer, spec.data)
+    if spec.rewards:
         check_reward_columns(prepared, cfg.reward_match)
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args,
-        fine_tune=True, allow_new_weights=cfg.allow_new_weights, notes=notes, reward_head=cfg.command == "reward",
+        fine_tune=True, allow_new_weights=cfg.allow_new_weights, notes=notes, reward_head=spec.reward_head,
     )  # fmt: skip
     models.fit_embeddings_to_tokenizer(model, tokenizer)
-    ref_model = _reference_model(cfg, model, ref_path, ctx.precision, model_args)
-    teacher = _teacher(cfg, ref_path, ctx.precision)
+    trainer_models = _trainer_models(cfg, spec, model, ref_path, ctx.precision, model_args, rewards)
     if cfg.lora_r:
-        model = _apply_lora(model, cfg)
+        model = _apply_lora(model, cfg, spec)
     plan = plan_param_groups(cfg, model)
     notes += bottom_scale_note(cfg, plan) + [n for n in (prepared.template_note, label_note(prepared)) if n]
     if cfg.trust_remote_code:
@@ -68,46 +68,58 @@ def setup(ctx: Context) -> Setup:
     if source:
         resolved["model_source"] = {**source, "converted_to": model_path}
     if ref_path and ref_source:
-        resolved["teacher_source" if teacher is not None else "ref_model_source"] = {
+        resolved[f"{spec.reference}_source"] = {
             **ref_source,
             "converted_to": ref_path,
         }
-    info = _info(cfg, model, plan, prepared, source, ctx)
+    info = _info(cfg, spec, model, plan, prepared, source, ctx)
     return Setup(
-        cfg, model, tokenizer, prepared, plan, info, notes, resolved, ref_model, model_path, reward_funcs=rewards,
-        teacher=teacher,
+        cfg=cfg, model=model, tokenizer=tokenizer, prepared=prepared, plan=plan, info=info, notes=notes,
+        resolved=resolved, model_path=model_path, trainer_models=trainer_models,
     )  # fmt: skip
 
 
-def _rewards(cfg):
-    if cfg.command not in ONLINE_RL:
+def _rewards(cfg: RunConfig, spec: CommandSpec):
+    if not spec.rewards:
         return None
     from posttrainllm.rewards import build_rewards
 
     return build_rewards(cfg)
 
 
-def _resolve_models(cfg):
-    """--model (and dpo's or kto's --ref-model) as local directories: a GGUF file is converted once, cached."""
+def _trainer_models(cfg: RunConfig, spec: CommandSpec, model, ref_path, precision, model_args, rewards):
+    """The trainer's own models and rewards, by the trainer's keywords: never in the optimizer."""
+    out: dict[str, Any] = {}
+    if spec.reference == "ref_model":
+        out["ref_model"] = _reference_model(cfg, model, ref_path, precision, model_args)
+    elif spec.reference == "teacher":
+        out["teacher_model"] = _teacher(cfg, ref_path, precision)
+    if spec.rewards:
+        out["reward_funcs"] = list(rewards or [])
+    return out
+
+
+def _resolve_models(cfg: RunConfig, spec: CommandSpec):
+    """--model (and the --ref-model or --teacher) as local directories: a GGUF file is converted once, cached."""
     from posttrainllm import models
-    from posttrainllm.config import producing_recipe
+    from posttrainllm.config.recipe import producing_recipe
 
     model_path, source = models.resolve_model(
         cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
     )
     ref_path = ref_source = None
-    other = cfg.ref_model if cfg.command in PREFERENCE else cfg.teacher if cfg.command == "distill" else None
+    other = getattr(cfg, spec.reference) if spec.reference else None
     if other:  # dpo's / kto's --ref-model, distill's --teacher
         ref_path, ref_source = models.resolve_model(
             other,
-            "--ref-model" if cfg.command in PREFERENCE else "--teacher",
+            "--" + spec.reference.replace("_", "-"),
             hint=lambda: producing_recipe(cfg.recipe, other),
             trust_remote_code=cfg.trust_remote_code,
         )
     return model_path, source, ref_path, ref_source
 
 
-def _check_same_vocabulary(cfg, model_path: str, teacher_path: str) -> None:
+def _check_same_vocabulary(cfg: RunConfig, model_path: str, teacher_path: str) -> None:
     """distill compares the teacher's full next-token distribution with the student's: the same vocabulary size, or
     a UsageError before either model loads (read from the configs)."""
     from posttrainllm import models
@@ -121,23 +133,21 @@ def _check_same_vocabulary(cfg, model_path: str, teacher_path: str) -> None:
         )
 
 
-def _teacher(cfg, teacher_path, precision):
+def _teacher(cfg: RunConfig, teacher_path, precision):
     """distill's teacher: loaded like the model, frozen, in eval mode (never in the optimizer)."""
     from posttrainllm import models
 
-    if cfg.command != "distill":
-        return None
     teacher = models.load_model(teacher_path, trust_remote_code=cfg.trust_remote_code, precision=precision,
                                 what="--teacher")  # fmt: skip
     return teacher.requires_grad_(False).eval()
 
 
-def _reference_model(cfg, model, ref_path, precision, model_args):
+def _reference_model(cfg: RunConfig, model, ref_path, precision, model_args):
     """dpo and kto without LoRA: --ref-model, or a frozen copy of the model (never in the optimizer; under FSDP it is
-    sharded for its forward only). None otherwise (LoRA's reference is the adapter-disabled base)."""
+    sharded for its forward only). None with LoRA (its reference is the adapter-disabled base)."""
     from posttrainllm import models
 
-    if cfg.command not in PREFERENCE or cfg.lora_r:
+    if cfg.lora_r:
         return None
     if cfg.ref_model:
         ref_model = models.load_model(
@@ -150,7 +160,7 @@ def _reference_model(cfg, model, ref_path, precision, model_args):
     return ref_model
 
 
-def _apply_lora(model, cfg):
+def _apply_lora(model, cfg: RunConfig, spec: CommandSpec):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -162,25 +172,12 @@ def _apply_lora(model, cfg):
         lora_alpha=cfg.lora_alpha or 2 * cfg.lora_r,
         lora_dropout=cfg.lora_dropout,
         target_modules=target_modules,
-        task_type="SEQ_CLS" if cfg.command == "reward" else "CAUSAL_LM",  # SEQ_CLS also trains the score head
+        task_type="SEQ_CLS" if spec.reward_head else "CAUSAL_LM",  # SEQ_CLS also trains the score head
     )
     try:
         return get_peft_model(model, lcfg)
     except ValueError as e:
         raise UsageError(f"--lora-targets {targets}: {str(e).splitlines()[0]}") from None
-
-
-def dpo_loss_text(cfg) -> str:
-    """The banner's DPO loss: `sigmoid`, or a weighted sum `0.8×sigmoid + 0.2×sft` (weights 1 when not given)."""
-    types = list(cfg.loss_type or ["sigmoid"])
-    if len(types) == 1 and not cfg.loss_weights:
-        return types[0]
-    weights = cfg.loss_weights or [1.0] * len(types)
-    return " + ".join(f"{w:g}×{t}" for w, t in zip(weights, types))
-
-
-def _default_reference(cfg) -> str:
-    return "adapter-disabled base" if cfg.lora_r else "frozen copy of --model"
 
 
 def _model_name(ref: str, source: dict | None) -> str:
@@ -196,42 +193,11 @@ def gguf_note(source: dict) -> str | None:
     return gguf.low_bit_note(source)
 
 
-def _packing_row(cfg) -> str | None:
-    if cfg.command != "sft" or not cfg.packing:
-        return None
-    row = "best-fit decreasing into rows of --max-length, padding-free (each example attends only to itself)"
-    return row + ("; the steps above count examples, packed rows are fewer" if cfg.max_steps <= 0 else "")
-
-
-def _steps(cfg, prepared) -> str:
-    from posttrainllm.training import steps_row
-
-    if cfg.command == "distill":
-        return steps_row(
-            cfg, prepared.n_train, f"one sampled completion per prompt, at most {cfg.max_completion_length} tokens"
-        )
-    if cfg.command not in ONLINE_RL:
-        return steps_row(cfg, prepared.n_train, f"max length {cfg.max_length}")
-    # a row of the batch is one completion: each prompt is sampled --num-generations times
-    row = steps_row(cfg, prepared.n_train * cfg.num_generations, "one row = one completion")
-    return row.replace(" rows per step", " completions per step")
-
-
-def _online_row(cfg) -> str:
-    """The banner's GRPO / RLOO row: the sampling, the rewards, the reference."""
-    from posttrainllm.rewards import describe
-
-    reference = "none (β = 0)" if cfg.beta == 0 else f"β={cfg.beta:g}, {_default_reference(cfg)} (out of the optimizer)"
-    return (
-        f"{cfg.num_generations} completions per prompt, temperature {cfg.temperature:g}, at most "
-        f"{cfg.max_completion_length} tokens; rewards: {describe(cfg)}; reference: {reference}"
-    )
-
-
-def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
-    """The banner's rows: what trains on what."""
+def _info(cfg: RunConfig, spec: CommandSpec, model, plan, prepared, source, ctx: Context) -> dict:
+    """The banner's rows: what trains on what (the command's own rows from its spec)."""
     from posttrainllm import models
     from posttrainllm.data import describe
+    from posttrainllm.lifecycle import device_name
 
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -240,27 +206,13 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         f"{banner.fmt_count(n_total)} params, {banner.fmt_count(n_train)} trainable)",
         "data": describe(prepared),
         "loss on": prepared.loss.description if prepared.loss is not None else None,
-        "steps": _steps(cfg, prepared),
+        "steps": spec.steps(cfg, prepared.n_train) if spec.steps is not None else None,
         "base LR": f"{cfg.lr:g} ({cfg.lr_scheduler}, warmup {cfg.warmup_ratio:g}, optim "
         f"{cfg.optim}, weight decay {cfg.weight_decay:g})",
         "LoRA": f"r={cfg.lora_r}, alpha={cfg.lora_alpha or 2 * cfg.lora_r}, targets={cfg.lora_targets}"
         if cfg.lora_r
         else None,
-        "DPO": f"β={cfg.beta}, loss {dpo_loss_text(cfg)}, reference={cfg.ref_model or _default_reference(cfg)}"
-        if cfg.command == "dpo"
-        else None,
-        "KTO": f"β={cfg.beta}, reference={cfg.ref_model or _default_reference(cfg)}" if cfg.command == "kto" else None,
-        **({cfg.command.upper(): _online_row(cfg)} if cfg.command in ONLINE_RL else {}),  # GRPO / RLOO
-        "distill": f"teacher {cfg.teacher} (frozen, out of the optimizer); the student samples, then matches the "
-        f"teacher's next-token distribution: β={cfg.beta:g} (0 forward KL, 0.5 JSD, 1 reverse KL), temperature "
-        f"{cfg.temperature:g}"
-        if cfg.command == "distill"
-        else None,
-        "reward model": "one score per sequence from a new head on the last token (TRL's pairwise loss: chosen above "
-        "rejected); the head trains at the base LR, as an LM head would"
-        if cfg.command == "reward"
-        else None,
-        "packing": _packing_row(cfg),
+        **(spec.rows(cfg) if spec.rows is not None else {}),  # e.g. DPO, GRPO, distill, packing
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,

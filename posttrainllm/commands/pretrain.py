@@ -4,21 +4,41 @@ causal-LM training (the lifecycle of posttrainllm/lifecycle.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from posttrainllm import banner, lifecycle
-from posttrainllm.lifecycle import Context, Setup, device_name
-from posttrainllm.planning import bottom_scale_note, plan_param_groups
+from posttrainllm.commands.spec import CommandSpec
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.context import Context, Setup
+
+SPEC = CommandSpec(
+    name="pretrain",
+    help="Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).",
+    trainer="transformers:Trainer",
+    trainer_config="transformers:TrainingArguments",
+    collator="transformers:default_data_collator",
+    data="text",
+    from_scratch=True,
+    lr=5e-4,
+    max_length=256,
+)
 
 
-def main(cfg) -> None:
-    lifecycle.run(cfg, setup)
+def main(cfg: RunConfig) -> None:
+    from posttrainllm import lifecycle
+
+    lifecycle.run(cfg, SPEC, setup)
 
 
 def setup(ctx: Context) -> Setup:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrainllm import data, models
+    from posttrainllm import banner, data, models
+    from posttrainllm.context import Setup
     from posttrainllm.data.pipeline import data_options
+    from posttrainllm.lifecycle import device_name
+    from posttrainllm.planning import bottom_scale_note, plan_param_groups
     from posttrainllm.training import steps_row
 
     cfg, precision, resume_from = ctx.cfg, ctx.precision, ctx.resume_from
@@ -53,4 +73,7 @@ def setup(ctx: Context) -> Setup:
 
     notes = bottom_scale_note(cfg, plan) + models.precision_notes(precision)
     resolved = {"n_train": prepared.n_train, "n_eval": prepared.n_eval}
-    return Setup(cfg, model, tokenizer, prepared, plan, info, notes, resolved, after_plan=save_tokenizer)
+    return Setup(
+        cfg=cfg, model=model, tokenizer=tokenizer, prepared=prepared, plan=plan, info=info, notes=notes,
+        resolved=resolved, after_plan=save_tokenizer,
+    )  # fmt: skip

@@ -6,8 +6,18 @@ one-line description. Header lines are YAML comments, so they add no key (unknow
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from posttrainllm.config.recipe import BUNDLED_DIR, bundled_recipes
+from posttrainllm.bundled import BUNDLED_DIR, bundled_recipes
+from posttrainllm.commands.spec import CommandSpec
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
+
+SPEC = CommandSpec(
+    name="recipes",
+    help="List the curated recipes shipped with posttrainllm, one line each: run one with `--recipe NAME`.",
+)
 
 INVOCATION = "# posttrainllm "
 
@@ -26,7 +36,7 @@ def rows() -> list[tuple[str, str, str]]:
     return [(name, *header(path)) for name, path in bundled_recipes().items()]
 
 
-def main(cfg) -> None:
+def main(cfg: RunConfig) -> None:
     table = [("NAME", "COMMAND", "DESCRIPTION"), *rows()]
     widths = [max(len(r[i]) for r in table) for i in range(2)]
     for name, command, description in table:

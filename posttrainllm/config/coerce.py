@@ -16,6 +16,7 @@ It raises ValueError when the value cannot be of that type.
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Mapping
 from typing import Any
 
 from posttrainllm.config.checks import LLRD_RANGE, llrd_range
@@ -184,3 +185,44 @@ def option_value(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
     kind = kind or f"{opt.metavar} entries (a mapping in recipes)"
     extra = f" {LLRD_RANGE}" if opt.check is llrd_range else ""
     return None, f"{where}: expected {kind}{extra}, got {quote(raw)}"
+
+
+def check_keyed(
+    flag: str,
+    raw: Mapping[str, Any],
+    fields: Mapping[str, Any],
+    *,
+    owned: Mapping[str, str],
+    unknown: str,
+    aliases: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """KEY=VALUE settings handed on to a library (`--trainer-arg` to the trainer's config class, `--model-arg` to
+    `from_pretrained`), checked in one pass: a key an option owns names that option, a key not in `fields` (name →
+    type; `Any` for untyped) is `unknown` with the closest names, and each value is converted to its field's type.
+    Every problem is reported at once (ConfigErrors, exit 2); `aliases` maps an old key to its field.
+
+    E.g. check_keyed("--trainer-arg", {"packin": "true"}, {"packing": bool}, owned={}, unknown="not a field of X")
+    raises "--trainer-arg packin: not a field of X; did you mean packing?"."""
+    import difflib
+
+    from posttrainllm.errors import ConfigErrors
+
+    problems, out = [], {}
+    for key, value in raw.items():
+        name = (aliases or {}).get(key, key)
+        if name in owned:
+            problems.append(f"{flag} {key}: set it with {owned[name]} (the option posttrainllm owns)")
+        elif name not in fields:
+            close = difflib.get_close_matches(name, list(fields), 3)
+            problems.append(f"{flag} {key}: {unknown}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        else:
+            try:
+                out[name] = convert(value, fields[name])
+            except ValueError:
+                hint, text = fields[name], str(value)
+                type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+                text = text if len(text) <= 60 else text[:57] + "..."
+                problems.append(f"{flag} {key}={text}: expected {type_name}")
+    if problems:
+        raise ConfigErrors(problems)
+    return out

@@ -3,14 +3,16 @@ command-line flags, the recipe keys, the RunConfig fields and the option table o
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Opt:
-    """One option: its recipe key is `name`, its flag is `--name-with-dashes` (or `flag`)."""
+    """One option: its recipe key is `name`, its flag is `--name-with-dashes` (or `flag`). Built with keywords only
+    (`Opt(name="lr", type=float, ...)`), so that an entry reads the same in every panel."""
 
     name: str
     type: type  # float, int, str, bool, list, dict (repeatable KEY=VALUE on the command line, a mapping in recipes)
@@ -24,14 +26,14 @@ class Opt:
     required: bool = False
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"
-    item: type | None = None  # dict: the values' type (float default; object = kept as given, checked later);
+    item: builtins.type | None = None  # dict: the values' type (float default; object = kept as given, checked later);
     # list: the entries' type (str default, or float)
     split: bool = False  # list options: one value may also hold several entries separated by commas ("a,b")
     key: str | None = None  # recipe key and flag name when they differ from the internal name
     deprecated: tuple[str, ...] = ()  # older names still read (as a recipe key and as --name-with-dashes), never shown
 
     @property
-    def item_type(self) -> type:
+    def item_type(self) -> builtins.type:
         """The type of a dict option's values (float unless set) or a list option's entries (str unless set)."""
         return self.item or (float if self.type is dict else str)
 

@@ -8,19 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from posttrainllm.bundled import BUNDLED_DIR, bundled_recipes
 from posttrainllm.config.coerce import quote
 from posttrainllm.errors import UsageError, shorten
 from posttrainllm.refs import special_file
 
 RECIPE_MAX_BYTES = 1 << 20  # recipes are a few hundred bytes; a bound keeps a hostile file from costing memory
 RECIPE_MAX_NODES = 10_000  # values after YAML aliases are expanded (a flat recipe has a few dozen)
-BUNDLED_DIR = Path(__file__).resolve().parents[1] / "recipes"  # the curated recipes, shipped inside the package
-
-
-def bundled_recipes() -> dict[str, Path]:
-    """The curated recipes shipped with the package, by name (the file's stem), sorted:
-    {"alpaca-sft": .../posttrainllm/recipes/alpaca-sft.yaml, ...}."""
-    return {p.stem: p for p in sorted(BUNDLED_DIR.glob("*.yaml"), key=lambda p: p.stem)}
 
 
 def recipe_file(ref: str) -> Path:

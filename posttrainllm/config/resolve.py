@@ -7,16 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.config.checks import ONLINE_RL, TRAINING
+from posttrainllm.commands.registry import spec_of
 from posttrainllm.config.coerce import option_value, quote
 from posttrainllm.config.opt import Opt
-from posttrainllm.config.options import (
-    COMMAND_DEFAULT_LR,
-    COMMAND_DEFAULT_MAX_LENGTH,
-    COMMAND_DEFAULTS,
-    RECIPE_KEYS,
-    options_for,
-)
+from posttrainllm.config.options import RECIPE_KEYS, options_for
+from posttrainllm.config.per_command import default_of
 from posttrainllm.config.recipe import load_recipe
 from posttrainllm.config.runconfig import RunConfig
 from posttrainllm.errors import ConfigErrors, shorten
@@ -88,17 +83,14 @@ def _checked(opts: dict[str, Opt], values: dict, sources: dict) -> list[str]:
 
 
 def _command_defaults(command: str, values: dict) -> None:
-    """The defaults that depend on the command (LR, max length, output directory)."""
-    if command in COMMAND_DEFAULT_LR and values.get("lr") is None:
-        values["lr"] = COMMAND_DEFAULT_LR[command]
-    source = values.get("model" if command != "pretrain" else "dataset")
-    if command in TRAINING and not values.get("output_dir") and source:
+    """The defaults that depend on the command (its spec's LR, max length, β...; the output directory)."""
+    spec = spec_of(command)
+    for name in values:
+        if values[name] is None and (default := default_of(command, name)) is not None:
+            values[name] = default
+    source = values.get("dataset" if spec.from_scratch else "model")
+    if spec.trains and not values.get("output_dir") and source:
         values["output_dir"] = default_output_dir(command, source)
-    if "max_length" in values and values.get("max_length") is None:
-        values["max_length"] = COMMAND_DEFAULT_MAX_LENGTH[command]
-    for name, by_command in COMMAND_DEFAULTS.items():
-        if name in values and values.get(name) is None:
-            values[name] = by_command[command]
 
 
 def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = None) -> RunConfig:
@@ -114,14 +106,14 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
     problems += _cross_checks(command, values)
     if problems:
         raise ConfigErrors(problems)
-    return RunConfig(command=command, sources=sources, argv=list(argv or [command]), **values)
+    return RunConfig(command=command, sources=sources, argv=list(argv or [command]), names=tuple(opts), **values)
 
 
 def default_output_dir(command: str, source: str) -> str:
     """runs/sft-Qwen2.5-0.5B for `sft --model Qwen/Qwen2.5-0.5B`; runs/pretrain-corpus for `pretrain --dataset
     corpus.txt`."""
     name = Path(source.rstrip("/\\")).name or "model"
-    if command == "pretrain":
+    if spec_of(command).from_scratch:  # a corpus file: its name without the extension
         name = Path(name).stem
     return str(Path("runs") / f"{command}-{name}")
 
@@ -152,27 +144,8 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")
     if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
-    problems += _loss_checks(v)
-    if command in ("dpo", "kto") and v.get("beta") is not None and v["beta"] <= 0:
-        problems.append(f"--beta must be > 0 for {command} (β = 0 removes the preference signal), got {v['beta']:g}")
-    if command in ONLINE_RL:
-        problems += _online_checks(command, v)
-    if command == "distill" and v.get("beta") is not None and not 0 <= v["beta"] <= 1:
-        problems.append(f"--beta for distill is the divergence's mix and must be in [0, 1], got {v['beta']:g}")
-    if command == "distill" and v.get("temperature") is not None and v["temperature"] <= 0:
-        problems.append("--temperature must be > 0 for distill (it divides the logits of both models)")
-    if command == "kto" and (v.get("batch_size") or 0) < 2:
-        problems.append(
-            "kto needs --batch-size 2 or more: TRL estimates KTO's KL term from the other completions of the batch"
-        )
-    if command == "generate" and (v.get("prompt") is None) == (v.get("prompts") is None):
-        problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
-    if command == "generate" and v.get("output") and v.get("prompt") is not None:
-        problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
-    if command == "generate" and v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
-        problems.append(f"--prompts: {v['prompts']} does not exist")
-    if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
-        problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
+    for check in spec_of(command).checks:  # the command's own cross-checks (its spec)
+        problems += check(command, v)
     for key in (
         "dataset",
         "eval_dataset",
@@ -196,69 +169,4 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
         if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
             problems.append(f"text file not found: {shorten(path)}")
-    return problems
-
-
-def _online_checks(command: str, v: dict[str, Any]) -> list[str]:
-    """grpo / rloo: at least one reward, one weight per reward, groups that fit the batch, varied samples."""
-    problems = []
-    n_rewards = len(v.get("reward_regex") or []) + bool(v.get("reward_match")) + len(v.get("reward_fn") or [])
-    if n_rewards == 0:
-        problems.append(
-            f"{command} needs a reward: --reward-regex REGEX, --reward-match COLUMN and/or --reward-fn "
-            "module:function (each repeatable but the match)"
-        )
-    weights = v.get("reward_weights")
-    if weights is not None and n_rewards and len(weights) != n_rewards:
-        problems.append(
-            f"--reward-weights has {len(weights)} weight(s) for {n_rewards} reward(s): give one per reward, in the "
-            "order regexes, match, functions"
-        )
-    if v.get("answer_pattern") and not v.get("reward_match"):
-        problems.append("--answer-pattern goes with --reward-match COLUMN (it finds the answer to compare)")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    per_step, groups = (v.get("batch_size") or 1) * (v.get("grad_accum") or 1) * world, v.get("num_generations") or 2
-    if per_step % groups:
-        problems.append(
-            f"--batch-size × --grad-accum{' × ranks' if world > 1 else ''} = {per_step} completions per step is not a "
-            f"multiple of --num-generations {groups}: each prompt's {groups} completions are scored together; "
-            f"e.g. --batch-size {groups * max(1, round(per_step / groups))}"
-        )
-    has_eval = bool(v.get("eval_split") or v.get("eval_dataset"))
-    if has_eval and ((v.get("batch_size") or 1) * world) % groups:
-        problems.append(
-            f"with an eval set, --batch-size{' × ranks' if world > 1 else ''} must be a multiple of "
-            f"--num-generations {groups} (the eval batch holds whole groups)"
-        )
-    if v.get("temperature") is not None and v["temperature"] <= 0:
-        problems.append(
-            f"--temperature must be > 0 for {command}: greedy decoding samples the same completion {groups} times, "
-            "so the group's rewards never differ"
-        )
-    return problems
-
-
-def _loss_checks(v: dict[str, Any]) -> list[str]:
-    """dpo's --loss-type / --loss-weights: each loss once, one weight per loss, the losses TRL would refuse later."""
-    types, weights = v.get("loss_type") or [], v.get("loss_weights")
-    problems = []
-    twice = sorted({t for t in types if types.count(t) > 1})
-    if twice:
-        problems.append(
-            f"--loss-type {', '.join(twice)} given more than once: give each loss once (--loss-weights "
-            "sets how much it counts)"
-        )
-    if weights is not None and len(weights) != len(types):
-        problems.append(
-            f"--loss-weights has {len(weights)} weight(s) for {len(types)} --loss-type loss(es) "
-            f"({', '.join(types)}): give one weight per loss, in the same order"
-        )
-    if "exo_pair" in types:
-        smoothing = (v.get("trainer_args") or {}).get("label_smoothing", 0)
-        try:
-            ok = float(smoothing) > 0
-        except (TypeError, ValueError):
-            ok = True  # a malformed value is reported by the --trainer-arg check, naming the field's type
-        if not ok:
-            problems.append("--loss-type exo_pair needs label smoothing ε > 0: add --trainer-arg label_smoothing=1e-3")
     return problems

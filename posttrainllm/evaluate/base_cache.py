@@ -57,7 +57,8 @@ class Recorder:
     base's top-k log-probabilities and tail log-probability of every predicted position to files in `dest`."""
 
     def __init__(self, dest: Path, top_k: int):
-        self.dest, self.top_k, self.positions, self.vocab = dest, top_k, 0, None
+        self.dest, self.top_k, self.positions = dest, top_k, 0
+        self.vocab: int | None = None
 
     def __enter__(self):
         self._stack = contextlib.ExitStack()

@@ -217,7 +217,8 @@ def _resolve_blocks(model: nn.Module, block_path: str | None) -> _Layout:
 
 
 def _stage_layout(path: str, stages: nn.Module, inner: list[nn.Module]) -> _Layout:
-    blocks, extra = [], {}
+    blocks: list[nn.Module] = []
+    extra = {}
     for stage, lst in zip(stages, inner):
         first, last = len(blocks), len(blocks) + len(lst) - 1
         blocks.extend(lst)

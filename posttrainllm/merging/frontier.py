@@ -6,10 +6,15 @@ texts are kept (up to a memory budget) and stand in for the base as every merge'
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from posttrainllm import banner
 from posttrainllm.rundir.layout import write_json
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 # logits of the base kept for the KL of every merge; beyond this the base is run again for the rest
 CACHE_BYTES = 2 << 30
@@ -60,7 +65,7 @@ class _Replay:
         return self.model(input_ids=input_ids, **kwargs)
 
 
-def _evaluate(model, tokenizer, cfg, texts: list[str], examples, reference=None) -> dict:
+def _evaluate(model, tokenizer, cfg: RunConfig, texts: list[str], examples, reference=None) -> dict:
     from posttrainllm.evaluate import evaluate_files
 
     return evaluate_files(
@@ -109,7 +114,9 @@ def _mark_frontier(points: list[dict]) -> None:
         p["frontier"] = not any(key(q) != a and key(q)[0] <= a[0] and key(q)[1] <= a[1] for q in points)
 
 
-def measure_and_report(cfg, base_dir, merged: list[tuple[float, object]], results_path, schedule: dict, examples):
+def measure_and_report(
+    cfg: RunConfig, base_dir, merged: Sequence[tuple[float, object]], results_path, schedule: dict, examples
+):
     """Evaluate the base once and every merged directory (alpha, directory) on cfg.ood_eval and the eval set
     `examples` (or None), write `results_path` (with the `schedule` record) and print the frontier table. Returns
     the results."""

@@ -169,7 +169,8 @@ def _shards(entries: list[tuple[str, torch.dtype, tuple[int, ...]]], max_bytes: 
 
 
 def _header_bytes(shard: list) -> bytes:
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
     for name, dtype, shape in shard:
         n = _nbytes(dtype, shape)
         header[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}

@@ -177,7 +177,7 @@ def _gamma_difference(saved: dict, current: dict, num_blocks) -> list[tuple[str,
     if math.isclose(old, new, rel_tol=1e-5):
         return []
 
-    def how(cfg):
+    def how(cfg: dict) -> str:
         scale = cfg.get("llrd_bottom_scale")
         return f" (--llrd-bottom-scale {scale:g} on {num_blocks} blocks)" if scale and num_blocks else ""
 

@@ -29,6 +29,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posttrainllm.errors import UsageError, shorten
 from posttrainllm.rundir import checkpoints
@@ -44,6 +45,9 @@ from posttrainllm.rundir.layout import (
     manifest,
     own,
 )
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 LOCK_NAME = "lock"
 SLOT_PREFIX = "replaced-"
@@ -118,7 +122,7 @@ def _inside(path: str, out: Path) -> bool:
     return p == o or p.startswith(o.rstrip(os.sep) + os.sep)
 
 
-def _inputs_inside(cfg, out: Path) -> list[str]:
+def _inputs_inside(cfg: RunConfig, out: Path) -> list[str]:
     found = []
     for key in INPUT_KEYS:
         value = getattr(cfg, key, None)
@@ -329,7 +333,7 @@ class RunDir:
         return False
 
 
-def _check(cfg, out: Path) -> bool:
+def _check(cfg: RunConfig, out: Path) -> bool:
     """Read-only checks. True: go on; False: a --resume of a finished run (nothing to do). Raises UsageError."""
     label = cfg.output_dir
     if out.exists() and not out.is_dir():
@@ -380,7 +384,7 @@ def _check(cfg, out: Path) -> bool:
     )
 
 
-def prepare(cfg) -> RunDir | None:
+def prepare(cfg: RunConfig) -> RunDir | None:
     """Check the output directory, take its lock (rank 0) and re-check under it. None: nothing to do (finished run
     resumed). Every refusal is a UsageError (exit 2) raised before any model or data is loaded."""
     out = Path(cfg.output_dir).expanduser()

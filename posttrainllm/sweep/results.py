@@ -32,8 +32,8 @@ def summarize(records: list[dict]) -> list[dict]:
             continue
         points.setdefault(tuple(_axes(r).values()), []).append(r)
     rows = []
-    for key, runs in points.items():
-        row: dict[str, Any] = {**dict(zip(AXES, key)), "seeds": len(runs)}
+    for point, runs in points.items():
+        row: dict[str, Any] = {**dict(zip(AXES, point)), "seeds": len(runs)}
         row["method"] = method_label(
             row["gamma"], row["replay_ratio"], row["kl_to_base"], row["self_replay"], runs[0].get("merge_label")
         )

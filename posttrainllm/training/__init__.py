@@ -8,9 +8,10 @@ from posttrainllm.training.args import (
     check_trainer_args,
     common_args,
     make_config,
+    refresh_config,
     trainer_config,
 )
-from posttrainllm.training.builder import build_trainer, steps_row, total_steps
+from posttrainllm.training.builder import build_trainer, steps_row, total_steps, trainer_class
 from posttrainllm.training.mixins import DivergenceGuardMixin, EngineMixin, LLRDMixin, check_distributed_engine
 from posttrainllm.training.progress import interactive, log_line, quiet_progress_bars
 
@@ -28,7 +29,9 @@ __all__ = [
     "log_line",
     "make_config",
     "quiet_progress_bars",
+    "refresh_config",
     "steps_row",
     "total_steps",
+    "trainer_class",
     "trainer_config",
 ]

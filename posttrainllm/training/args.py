@@ -4,12 +4,16 @@ user's --trainer-arg values, each checked against the installed class."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from posttrainllm.config.checks import ONLINE_RL
-from posttrainllm.config.coerce import convert
+from posttrainllm.commands.spec import load
+from posttrainllm.config.coerce import check_keyed
 from posttrainllm.errors import UsageError
 from posttrainllm.training.progress import interactive
+
+if TYPE_CHECKING:
+    from posttrainllm.commands.spec import CommandSpec
+    from posttrainllm.config.runconfig import RunConfig
 
 
 def check_optim_name(name: str) -> None:
@@ -20,7 +24,7 @@ def check_optim_name(name: str) -> None:
         raise UsageError(f"--optim {name} is not a transformers optimizer; use one of: {', '.join(valid[:12])}, ...")
 
 
-def common_args(cfg, precision: str, *, has_eval: bool) -> dict[str, Any]:
+def common_args(cfg: RunConfig, precision: str, *, has_eval: bool) -> dict[str, Any]:
     """TrainingArguments fields shared by every command (TRL configs extend TrainingArguments)."""
     eval_steps = cfg.eval_steps
     return dict(
@@ -112,79 +116,23 @@ FIRST_CLASS = {
     "resume_from_checkpoint": "--resume",
     "overwrite_output_dir": "--overwrite",
     "assistant_only_loss": "--train-on-prompt",
-}
-_ONLINE_OWNED = {
-    "num_generations": "--num-generations",
-    "max_completion_length": "--max-completion-length",
-    "temperature": "--temperature",
-    "reward_weights": "--reward-weights",
-    "trust_remote_code": "--trust-remote-code",
-}
-# ... and the fields a first-class option sets for one kind only (SFTConfig's own loss_type stays a --trainer-arg).
-FIRST_CLASS_OF_KIND = {
-    "dpo": {"loss_type": "--loss-type", "loss_weights": "--loss-weights"},
-    "sft": {"packing": "--packing", "padding_free": "--packing"},
-    **dict.fromkeys(ONLINE_RL, _ONLINE_OWNED),
-    "distill": {**_ONLINE_OWNED, "teacher_model_name_or_path": "--teacher"},
-}
+}  # ... and the fields a command's own options set: its spec's `owned_fields`
 
 
-# Each TRL kind's trainer and config class (names in the installed `trl`); causal_lm is transformers' Trainer.
-TRL_KINDS = {
-    "sft": ("SFTTrainer", "SFTConfig"),
-    "dpo": ("DPOTrainer", "DPOConfig"),
-    "kto": ("KTOTrainer", "KTOConfig"),
-    "reward": ("RewardTrainer", "RewardConfig"),
-    "grpo": ("GRPOTrainer", "GRPOConfig"),
-    "rloo": ("RLOOTrainer", "RLOOConfig"),
-    "distill": ("DistillationTrainer", "DistillationConfig"),
-}
+def config_class(spec: CommandSpec):
+    """The command's trainer config class (its spec names it: SFTConfig, DPOConfig, TrainingArguments, ...)."""
+    return load(spec.trainer_config)
 
 
-def _config_class(kind: str):
-    if kind == "causal_lm":
-        from transformers import TrainingArguments
-
-        return TrainingArguments
-    import trl
-
-    return getattr(trl, TRL_KINDS[kind][1])
-
-
-def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
+def check_trainer_args(spec: CommandSpec, raw: dict[str, Any]) -> dict[str, Any]:
     """--trainer-arg KEY=VALUE / recipe trainer_args, checked against the installed config class: unknown keys (with
     the closest names), keys a first-class option owns, and values of the wrong type are UsageErrors (exit 2);
     values are coerced to the field's type ("true" → True, "8" → 8, JSON for lists/dicts)."""
-    import difflib
-
-    from posttrainllm.errors import ConfigErrors
-
-    cls = _config_class(kind)
-    hints = _field_types(cls)
-    owned = {**FIRST_CLASS, **FIRST_CLASS_OF_KIND.get(kind, {})}
-    problems, out = [], {}
-    for key, value in raw.items():
-        if key in owned:
-            problems.append(f"--trainer-arg {key}: set it with {owned[key]} (the option posttrainllm owns)")
-        elif key not in hints:
-            close = difflib.get_close_matches(key, list(hints), 3)
-            problems.append(
-                f"--trainer-arg {key}: not a field of {cls.__name__}"
-                + (f"; did you mean {', '.join(close)}?" if close else "")
-            )
-        else:
-            try:
-                out[key] = convert(value, hints[key])
-            except ValueError:
-                problems.append(f"--trainer-arg {key}={_clip(value)}: expected {_type_name(hints[key])}")
-    if problems:
-        raise ConfigErrors(problems)
-    return out
-
-
-def _clip(value: Any, n: int = 60) -> str:
-    text = str(value)
-    return text if len(text) <= n else text[: n - 3] + "..."
+    cls = config_class(spec)
+    return check_keyed(
+        "--trainer-arg", raw, _field_types(cls), owned={**FIRST_CLASS, **spec.owned_fields},
+        unknown=f"not a field of {cls.__name__}",
+    )  # fmt: skip
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -198,51 +146,37 @@ def _field_types(cls) -> dict[str, Any]:
     return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
 
 
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def trainer_config(kind: str, cfg, precision: str, *, has_eval: bool, loss=None):
-    """The SFTConfig / DPOConfig / TrainingArguments of a run: posttrainllm's settings, then the user's
-    --trainer-arg values; every argument must exist in the installed version. `loss`: the SFT data's LossMask
-    (what the loss falls on, data.apply_loss_mask)."""
+def trainer_config(
+    spec: CommandSpec, cfg: RunConfig, precision: str, *, has_eval: bool, extra: dict[str, Any] | None = None
+):
+    """The SFTConfig / DPOConfig / TrainingArguments of a run: posttrainllm's settings, the command's own fields (its
+    spec's `trainer_fields`), then the user's --trainer-arg values (`extra`: already checked; checked here when
+    None); every argument must exist in the installed version. A run builds it once (posttrainllm/lifecycle.py)."""
     args = common_args(cfg, precision, has_eval=has_eval)
-    if kind == "sft":
-        args.update(max_length=cfg.max_length, packing=cfg.packing, dataset_num_proc=_num_proc(cfg))
-        if cfg.packing:  # best-fit decreasing, padding-free: per-example position ids keep the examples apart
-            args.update(packing_strategy="bfd", padding_free=True)
-        if loss is not None:
-            args["assistant_only_loss"] = loss.assistant_only_loss
-            if loss.completion_only_loss is not None:
-                args["completion_only_loss"] = loss.completion_only_loss
-    elif kind == "dpo":
-        args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
-        args.update(loss_type=list(cfg.loss_type or ["sigmoid"]), loss_weights=cfg.loss_weights)
-    elif kind == "kto":
-        args.update(beta=cfg.beta, max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
-    elif kind == "distill":
-        args.update(
-            beta=cfg.beta, max_completion_length=cfg.max_completion_length, temperature=cfg.temperature,
-            trust_remote_code=bool(cfg.trust_remote_code),
-        )  # fmt: skip
-    elif kind == "reward":
-        args.update(max_length=cfg.max_length, dataset_num_proc=_num_proc(cfg))
-    elif kind in ONLINE_RL:
-        args.update(
-            beta=cfg.beta, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-            temperature=cfg.temperature, reward_weights=cfg.reward_weights,
-            trust_remote_code=bool(cfg.trust_remote_code),
-        )  # fmt: skip
-    extra = check_trainer_args(kind, cfg.trainer_args or {})
+    if spec.trainer_fields is not None:
+        args.update(spec.trainer_fields(cfg))
+    if extra is None:
+        extra = check_trainer_args(spec, cfg.trainer_args or {})
     try:
-        return make_config(_config_class(kind), **{**args, **extra})
+        return make_config(config_class(spec), **{**args, **extra})
     except (ValueError, TypeError) as e:
         if not extra:
             raise
         raise UsageError(f"--trainer-arg {', '.join(extra)}: {str(e).splitlines()[0][:300]}") from None
 
 
-def _num_proc(cfg) -> int | None:
-    """--dataset-num-proc for TRL's tokenization map (None: in this process)."""
-    n = cfg.dataset_num_proc or 1
-    return n if n > 1 else None
+def refresh_config(conf, spec: CommandSpec, built_from: RunConfig, now: RunConfig, *, loss=None):
+    """The run's trainer config, brought up to date with what the setup settled after it was built: the command's
+    fields that the setup's config changed (e.g. --max-length clamped to the model's positions) and, for SFT data,
+    what the loss falls on (`loss`: the data's LossMask, data.apply_loss_mask). Set in place: the config is built
+    once."""
+    if spec.trainer_fields is not None and now is not built_from:
+        before = spec.trainer_fields(built_from)
+        for name, value in spec.trainer_fields(now).items():
+            if before.get(name) != value:
+                setattr(conf, name, value)
+    if loss is not None:
+        conf.assistant_only_loss = loss.assistant_only_loss
+        if loss.completion_only_loss is not None:
+            conf.completion_only_loss = loss.completion_only_loss
+    return conf

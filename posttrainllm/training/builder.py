@@ -1,13 +1,15 @@
-"""Build the trainer for a kind (one of args.TRL_KINDS, or 'causal_lm') with the mixins installed and the run's
-plan."""
+"""Build a command's trainer (its spec names the class) with the mixins installed and the run's plan passed to its
+constructor."""
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import TYPE_CHECKING, Any
 
-from posttrainllm.config.checks import ONLINE_RL, SAMPLING  # SAMPLING: the kinds using TRL's RepeatSampler
+from posttrainllm.commands.spec import load
 from posttrainllm.errors import DataError
-from posttrainllm.training.args import TRL_KINDS, trainer_config
+from posttrainllm.training.args import trainer_config
 from posttrainllm.training.mixins import (
     DivergenceGuardMixin,
     EngineMixin,
@@ -17,47 +19,51 @@ from posttrainllm.training.mixins import (
 )
 from posttrainllm.training.progress import _log_callbacks, interactive
 
+if TYPE_CHECKING:
+    from posttrainllm.commands.spec import CommandSpec
+    from posttrainllm.config.runconfig import RunConfig
+
+
+@functools.cache
+def trainer_class(base: type, samples: bool) -> type:
+    """`base` (a transformers/TRL trainer class) with posttrainllm's mixins in front: FSDP2 on CPU, the divergence
+    guard, the plan's groups through create_optimizer, and (`samples`: TRL's RepeatSampler) the resumed order. One
+    class per trainer class; the plan is a constructor argument (`llrd_plan=`), never part of the class."""
+    mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if samples else ())
+
+    class Trainer(*mixins, base):  # type: ignore[misc]
+        pass
+
+    Trainer.__name__ = Trainer.__qualname__ = f"LLRD{base.__name__}"
+    return Trainer
+
 
 def build_trainer(
-    kind: str,
-    cfg,
+    spec: CommandSpec,
+    cfg: RunConfig,
     *,
     model,
     tokenizer,
     train,
     eval_ds,
-    precision: str,
     plan,
-    ref_model=None,
+    args=None,
+    precision: str = "fp32",
     callbacks=(),
-    loss=None,
-    reward_funcs=None,
-    teacher=None,
+    **trainer_models: Any,
 ):
-    """Build the trainer for `kind` (TRL_KINDS, or 'causal_lm') with the LLRD mixin and the run's plan. The
-    reference model (dpo, kto), the reward functions (grpo, rloo) and the teacher (distill) are the trainer's, never
-    in the optimizer."""
-    conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
+    """The command's trainer (`spec.trainer`) with the mixins and the run's plan. `args`: the run's trainer config
+    (posttrainllm/lifecycle.py builds it once); without it, one is built here from `cfg` and `precision` (library
+    use). `trainer_models`: the trainer's own models and rewards by its keywords (ref_model for dpo/kto,
+    reward_funcs for grpo/rloo, teacher_model for distill), never in the optimizer."""
+    conf = args if args is not None else trainer_config(spec, cfg, precision, has_eval=eval_ds is not None)
     common = dict(
         args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
     )
-    if kind in TRL_KINDS:
-        import trl
-
-        base = getattr(trl, TRL_KINDS[kind][0])
-        mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if kind in SAMPLING else ())
-        cls = type(f"LLRD{base.__name__}", (*mixins, base), {"llrd_plan": plan})
-        own = {"ref_model": ref_model} if kind in ("dpo", "kto") else {}
-        if kind in ONLINE_RL:
-            own = {"reward_funcs": list(reward_funcs or [])}
-        elif kind == "distill":
-            own = {"teacher_model": teacher}
-        trainer = cls(model=model, **own, **common)
-    else:
-        from transformers import Trainer, default_data_collator
-
-        cls = type("LLRDTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_plan": plan})
-        trainer = cls(model=model, data_collator=default_data_collator, **common)
+    if spec.collator is not None:
+        common["data_collator"] = load(spec.collator)
+    cls = trainer_class(load(spec.trainer), spec.samples)
+    trainer = cls(model=model, llrd_plan=plan, **trainer_models, **common)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     plain, bars = _log_callbacks()
@@ -74,7 +80,7 @@ def build_trainer(
     return trainer
 
 
-def total_steps(cfg, n_train: int | None, world_size: int = 1) -> int:
+def total_steps(cfg: RunConfig, n_train: int | None, world_size: int = 1) -> int:
     """The optimizer steps of a run, as transformers' Trainer counts them: --max-steps when set, else
     ceil(epochs × ceil(batches per rank / accum)) with batches per rank = ceil(rows / (batch × ranks)).
 
@@ -85,7 +91,7 @@ def total_steps(cfg, n_train: int | None, world_size: int = 1) -> int:
     return max(1, math.ceil(cfg.epochs * math.ceil(batches / cfg.grad_accum)))
 
 
-def steps_row(cfg, n_train: int | None, length: str, world_size: int | None = None) -> str:
+def steps_row(cfg: RunConfig, n_train: int | None, length: str, world_size: int | None = None) -> str:
     """The banner's steps row: the true step count and the batch each step takes, across the ranks.
 
     E.g. ``4 (batch 4 per rank × 2 ranks × accum 2 = 16 rows per step, max length 64)``; on one rank

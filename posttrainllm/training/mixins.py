@@ -12,7 +12,8 @@ from posttrainllm.errors import ModelError, TrainingError, UsageError
 
 
 class LLRDMixin:
-    """Mixed in before a transformers/TRL trainer class; `llrd_plan` is the run's one plan (llrd.LLRDPlan).
+    """Mixed in before a transformers/TRL trainer class, which then takes the run's one plan (llrd.LLRDPlan) as the
+    keyword `llrd_plan=` of its constructor and keeps it as `self.llrd_plan` (None: the trainer's own optimizer).
 
     The optimizer gets the plan's groups (re-mapped by name onto the trainer's model when it wraps it), with the
     optimizer class and kwargs from the user's `--optim` via `get_optimizer_cls_and_kwargs`, so fused/foreach
@@ -20,7 +21,9 @@ class LLRDMixin:
     Muon...) are refused when the plan scales any depth, and get transformers' own setup when it does not.
     """
 
-    llrd_plan = None
+    def __init__(self, *args, llrd_plan=None, **kwargs):
+        self.llrd_plan = llrd_plan  # before the trainer's own __init__: the plan is there whenever it is read
+        super().__init__(*args, **kwargs)
 
     def create_optimizer(self, model=None):
         plan = self.llrd_plan
@@ -284,7 +287,7 @@ def _split_by_device_mesh(groups: list[dict]) -> list[dict]:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover - torch without distributed
         return groups
-    out = []
+    out: list[dict] = []
     for g in groups:
         meshes: dict = {}
         for p in g["params"]:

@@ -7,15 +7,23 @@ from posttrainllm.config.opt import Opt
 
 EVERYWHERE: tuple[Opt, ...] = (
     Opt(
-        "recipe",
-        str,
-        None,
-        "YAML recipe: a file, or the name of a bundled recipe (`posttrainllm recipes` lists them); keys are these "
+        name="recipe",
+        type=str,
+        default=None,
+        help="YAML recipe: a file, or the name of a bundled recipe (`posttrainllm recipes` lists them); keys are these "
         "option names; command-line flags override it.",
-        TRAINING + ("eval",),
+        commands=TRAINING + ("eval",),
         metavar="FILE|NAME",
         panel="Run",
         recipe=False,
     ),
-    Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
+    Opt(
+        name="debug",
+        type=bool,
+        default=False,
+        help="Show full tracebacks.",
+        commands=ALL_COMMANDS,
+        panel="Run",
+        recipe=False,
+    ),
 )
