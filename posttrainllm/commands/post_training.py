@@ -43,7 +43,7 @@ def setup(ctx: Context) -> Setup:
     notes += clamped
     if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
-    prepared = pipeline.prepare(cfg, tokenizer)
+    prepared = pipeline.prepare(cfg, tokenizer, *_starting_model(cfg, model_path, ctx.precision, model_args))
     if cfg.command in ONLINE_RL:
         check_reward_columns(prepared, cfg.reward_match)
     model = models.load_model(
@@ -65,6 +65,8 @@ def setup(ctx: Context) -> Setup:
         "n_eval": prepared.n_eval,
         "model_args": {k: str(v) for k, v in model_args.items()},
     }
+    if prepared.self_replay is not None:
+        resolved["self_replay"] = prepared.self_replay.record()
     if source:
         resolved["model_source"] = {**source, "converted_to": model_path}
     if ref_path and ref_source:
@@ -75,8 +77,26 @@ def setup(ctx: Context) -> Setup:
     info = _info(cfg, model, plan, prepared, source, ctx)
     return Setup(
         cfg, model, tokenizer, prepared, plan, info, notes, resolved, ref_model, model_path, reward_funcs=rewards,
-        teacher=teacher,
+        teacher=teacher, after_plan=prepared.self_replay.write if prepared.self_replay is not None else None,
     )  # fmt: skip
+
+
+def _starting_model(cfg, model_path: str, precision: str, model_args: dict):
+    """--self-replay's loader of the model training starts from (loaded for sampling, on the GPU when there is
+    one, and released before the model to train loads) and that model's identity; (None, None) without it."""
+    if not getattr(cfg, "self_replay", 0):
+        return None, None
+    from posttrainllm import models
+    from posttrainllm.rundir.fingerprint import input_identity
+
+    def load():
+        import torch
+
+        model = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision,
+                                  model_args=model_args)  # fmt: skip
+        return model.to("cuda") if torch.cuda.is_available() else model
+
+    return load, input_identity(model_path) or {"ref": cfg.model}
 
 
 def _rewards(cfg):
@@ -231,7 +251,7 @@ def _online_row(cfg) -> str:
 def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
     """The banner's rows: what trains on what."""
     from posttrainllm import models
-    from posttrainllm.data import describe
+    from posttrainllm.data import describe, pipeline
 
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -261,7 +281,7 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         if cfg.command == "reward"
         else None,
         "packing": _packing_row(cfg),
-        "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
+        "replay": pipeline.replay_row(cfg, prepared),
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {ctx.resume_from.name})" if ctx.resume_from else ""),

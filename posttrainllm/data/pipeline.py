@@ -4,6 +4,10 @@ config. One function per command shape; each returns the `Prepared` data the tra
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
+
+from posttrainllm.data import self_replay
 
 
 def _stream_rows(cfg) -> int | None:
@@ -26,8 +30,9 @@ def data_options(cfg) -> dict:
     )
 
 
-def prepare(cfg, tokenizer):
-    """sft / dpo / kto / reward / grpo / rloo / finetune data: the command's shape, replay mixed in, then (sft) the loss
+def prepare(cfg, tokenizer, starting_model: Callable[[], Any] | None = None, model_identity=None):
+    """sft / dpo / kto / reward / grpo / rloo / finetune data: the command's shape, replay mixed in (--replay-dataset,
+    or --self-replay's samples of `starting_model()`, a loader of the model training starts from), then (sft) the loss
     mask."""
     from posttrainllm import data
 
@@ -42,7 +47,17 @@ def prepare(cfg, tokenizer):
         prepared = data.prepare_prompts(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
-    if cfg.replay_dataset:
+    if _self_replay_on(cfg):
+        sr = self_replay.obtain(
+            cfg, tokenizer, chat=cfg.command == "sft" and prepared.conversational, model_identity=model_identity,
+            load_model=starting_model, echo=banner_echo,
+        )  # fmt: skip
+        replay = self_replay.replay_pool(sr, tokenizer, blocks=cfg.command == "finetune", max_length=cfg.max_length)
+        prepared.train = data.mix_replay(prepared.train, replay, cfg.replay_ratio, cfg.seed)
+        prepared.self_replay = sr
+        if not cfg.streaming:
+            prepared.n_train = len(prepared.train)
+    elif cfg.replay_dataset:
         if cfg.command == "sft":  # replay rows take the SFT rows' shape, with the loss on the replayed text
             replay = data.load_texts(cfg.replay_dataset, streaming=cfg.streaming)
         else:  # finetune: replay token blocks of the same length beside the training blocks
@@ -62,3 +77,23 @@ def prepare(cfg, tokenizer):
             prepared, tokenizer, train_on_prompt=cfg.train_on_prompt, num_proc=cfg.dataset_num_proc
         )
     return prepared
+
+
+def _self_replay_on(cfg) -> bool:
+    """--self-replay N > 0 on a run that trains (a dry run samples nothing: its banner says what would be)."""
+    return bool(getattr(cfg, "self_replay", 0)) and not cfg.dry_run
+
+
+def banner_echo(line: str) -> None:
+    from posttrainllm import banner
+
+    banner.console.print(line)
+
+
+def replay_row(cfg, prepared) -> str | None:
+    """The banner's replay row: where the replay rows come from and their share of the rows."""
+    if getattr(cfg, "self_replay", 0):
+        sr = getattr(prepared, "self_replay", None)
+        what = sr.row() if sr is not None else f"{cfg.self_replay} samples of the starting model (not drawn: dry run)"
+        return f"{cfg.replay_ratio:.0%} of rows from self-replay: {what}"
+    return f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None

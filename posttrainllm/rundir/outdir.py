@@ -39,6 +39,8 @@ from posttrainllm.rundir.layout import (
     MANIFEST,
     MARKER,
     OWN_RECORDS,
+    SELF_REPLAY,
+    SELF_REPLAY_SETTINGS,
     finished_run,
     is_rank0,
     manifest,
@@ -49,7 +51,7 @@ LOCK_NAME = "lock"
 SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
 # what a run writes before its first training step: a directory holding only these is not a finished run
-PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer"})
+PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer", SELF_REPLAY, SELF_REPLAY_SETTINGS})
 # inputs that --overwrite must not be asked to replace
 INPUT_KEYS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset", "model_config")
 

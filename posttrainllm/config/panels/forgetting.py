@@ -5,6 +5,8 @@ from __future__ import annotations
 from posttrainllm.config.checks import (
     LANGUAGE_MODELS,
     fraction_below_one,
+    non_negative_int,
+    positive_int,
 )
 from posttrainllm.config.opt import Opt
 
@@ -40,10 +42,37 @@ FORGETTING: tuple[Opt, ...] = (
         "replay_ratio",
         float,
         0.0,
-        "Fraction of training rows taken from --replay-dataset.",
+        "Fraction of training rows taken from --replay-dataset or --self-replay's samples.",
         ("sft", "finetune"),
         fraction_below_one,
         "FRACTION",
+        panel="Forgetting",
+    ),
+    Opt(
+        "self_replay",
+        int,
+        0,
+        "Sample N texts from the starting model before training (temperature 1, at most --max-length tokens; from "
+        "BOS, or as the answer to an empty user turn for conversational sft data) and mix them in at "
+        "--replay-ratio, against forgetting without replay data (0 = off). They are kept in "
+        "OUT/self_replay.jsonl with their settings in OUT/self_replay.json; the same --seed gives the same file, "
+        "and --resume reuses it (a changed N is refused). Not with --replay-dataset (one replay pool: pass an "
+        "earlier run's self_replay.jsonl there to use both). sft and finetune only: dpo and kto train on "
+        "preference pairs and unpaired labels, which self-generated text is not. Cost: SAMPLING_COST.",
+        ("sft", "finetune", "dpo", "kto"),
+        non_negative_int,
+        "N",
+        panel="Forgetting",
+    ),
+    Opt(
+        "self_replay_batch_size",
+        int,
+        16,
+        "Samples generated together by --self-replay (one model.generate call, KV cache on). Part of what the "
+        "samples are: another batch size draws other samples from the same --seed.",
+        ("sft", "finetune", "dpo", "kto"),
+        positive_int,
+        "N",
         panel="Forgetting",
     ),
 )
