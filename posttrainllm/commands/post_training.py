@@ -23,7 +23,7 @@ PREFERENCE = ("dpo", "kto")  # the commands with a reference model we load
 
 def setup(ctx: Context) -> Setup:
     from posttrainllm import models, weights
-    from posttrainllm.data import check_reward_columns, label_note, pipeline
+    from posttrainllm.data import check_reward_columns, label_note, pipeline, self_replay
 
     cfg = ctx.cfg
     rewards = _rewards(cfg)  # the user's reward code is imported first: a bad --reward-fn stops before any model
@@ -66,7 +66,7 @@ def setup(ctx: Context) -> Setup:
         "model_args": {k: str(v) for k, v in model_args.items()},
     }
     if prepared.self_replay is not None:
-        resolved["self_replay"] = prepared.self_replay.record()
+        resolved[self_replay.RECORD] = prepared.self_replay.record()
     if source:
         resolved["model_source"] = {**source, "converted_to": model_path}
     if ref_path and ref_source:

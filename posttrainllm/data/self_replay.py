@@ -23,6 +23,7 @@ reuses the file instead of sampling again; `--resume` always reuses it and refus
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -34,9 +35,11 @@ from ..errors import DataError, UsageError
 from ..rundir.layout import RUN_CONFIG, SELF_REPLAY, SELF_REPLAY_SETTINGS, is_rank0, sha256, write_json
 
 TEMPERATURE = 1.0
+RECORD = "self_replay_samples"  # run_config.json's record of the samples (their settings and SHA-256)
 PROGRESS_EVERY = 10.0  # seconds between two progress lines while sampling
 # the settings that make the file what it is: another value means other samples
 KEYS = ("model", "n", "temperature", "max_length", "seed", "batch_size", "prompt_ids")
+MEASURED = ("seconds", "samples_per_s", "generated_tokens")  # what sampling measured, kept when the file is reused
 
 
 @dataclass
@@ -49,25 +52,26 @@ class SelfReplay:
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)  # what sampling measured: samples/s, tokens
 
+    def content(self) -> bytes:
+        """What `self_replay.jsonl` holds: one {"text": ...} JSON line per sample."""
+        return "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in self.texts).encode("utf-8")
+
     def write(self, out) -> None:
-        """`self_replay.jsonl` then `self_replay.json` (with the SHA-256 of the former) into `out`, each atomically
-        (rank 0). Names that are posttrainllm's own records (posttrainllm/rundir/layout.py)."""
+        """`self_replay.jsonl` then `self_replay.json` into `out` (a path or the run's RunDir), each atomically
+        (rank 0); both names are posttrainllm's own records (posttrainllm/rundir/layout.py)."""
         if not is_rank0():
             return
         out = Path(getattr(out, "path", out))
         path = out / SELF_REPLAY
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for t in self.texts:
-                f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+        tmp.write_bytes(self.content())
         os.replace(tmp, path)
-        write_json(out / SELF_REPLAY_SETTINGS, self.record(sha256(path)))
+        write_json(out / SELF_REPLAY_SETTINGS, self.record())
 
-    def record(self, digest: str | None = None) -> dict:
-        rec = {**self.settings, "samples": len(self.texts), **self.extra}
-        if digest:
-            rec["sha256"] = digest
-        return rec
+    def record(self) -> dict:
+        """self_replay.json (and run_config.json's record): the settings, the count, the timing and the SHA-256."""
+        digest = hashlib.sha256(self.content()).hexdigest()
+        return {**self.settings, "samples": len(self.texts), **self.extra, "sha256": digest}
 
     def row(self) -> str:
         """The banner's words for the samples."""
@@ -208,7 +212,7 @@ def _saved(out: Path) -> tuple[dict | None, list[str] | None, str | None]:
 
 def _run_config_digest(out: Path) -> str | None:
     try:
-        rec = json.loads((out / RUN_CONFIG).read_text()).get("resolved", {}).get("self_replay", {})
+        rec = json.loads((out / RUN_CONFIG).read_text()).get(RECORD, {})
     except (OSError, ValueError, AttributeError):
         return None
     return rec.get("sha256") if isinstance(rec, dict) else None
@@ -241,7 +245,8 @@ def obtain(cfg, tokenizer, *, chat: bool, model_identity, load_model: Callable, 
                 "(--overwrite or another --output-dir)"
             )
     if texts is not None and not _mismatch(saved, current):
-        return SelfReplay(texts, current, reused=True)
+        measured = {k: saved[k] for k in MEASURED if k in saved}
+        return SelfReplay(texts, current, reused=True, extra=measured)
     if is_rank0():
         echo(
             f"self-replay: sampling {cfg.self_replay} texts from the starting model (batches of "
@@ -255,8 +260,8 @@ def obtain(cfg, tokenizer, *, chat: bool, model_identity, load_model: Callable, 
     )  # fmt: skip
     seconds = time.perf_counter() - t0
     del model
-    extra = {"seconds": round(seconds, 2), "samples_per_s": round(len(texts) / max(seconds, 1e-9), 3),
-             "generated_tokens": sum(lengths)}  # fmt: skip
+    rate = round(len(texts) / max(seconds, 1e-9), 3)
+    extra = dict(zip(MEASURED, (round(seconds, 2), rate, sum(lengths))))
     return SelfReplay(texts, current, seconds=seconds, extra=extra)
 
 
