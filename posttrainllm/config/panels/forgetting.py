@@ -70,7 +70,7 @@ FORGETTING: tuple[Opt, ...] = (
         16,
         "Samples generated together by --self-replay (one model.generate call, KV cache on). Part of what the "
         "samples are: another batch size draws other samples from the same --seed.",
-        ("sft", "finetune", "dpo", "kto"),
+        ("sft", "finetune"),
         positive_int,
         "N",
         panel="Forgetting",
