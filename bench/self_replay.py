@@ -55,6 +55,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=32, help="samples per repetition of the side-by-side comparison")
     p.add_argument("--full-n", type=int, default=256, help="then time posttrainllm alone for this many (0: skip)")
     p.add_argument("--max-length", type=int, default=192)
+    p.add_argument("--full-max-length", type=int, default=None, help="--max-length of the --full-n run (default same)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--threads", type=int, default=1)
@@ -79,15 +80,19 @@ def main() -> None:
     settings = dict(n=args.n, max_length=args.max_length, seed=args.seed, batch_size=args.batch_size)
     got: dict[str, list] = {}
 
+    cpu: dict[str, list[float]] = {"posttrainllm": [], "bare generate": []}
+
     def ours() -> float:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         texts, lengths = SR.draw(model, tok, prompt, **settings)
         got["ours"], got["tokens"] = texts, sum(lengths)
+        cpu["posttrainllm"].append(time.process_time() - c)
         return time.perf_counter() - t
 
     def bare() -> float:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         got["bare"] = bare_loop(model, tok, prompt, **settings)
+        cpu["bare generate"].append(time.process_time() - c)
         return time.perf_counter() - t
 
     log(f"{args.n} samples × {reps} repetitions per contender, max length {args.max_length}, batch {args.batch_size}")
@@ -95,6 +100,7 @@ def main() -> None:
     identical = got["ours"] == got["bare"]
     per_s = {k: [args.n / t for t in v] for k, v in times.items()}
     ratio = [1 / r for r in ratios(times, "posttrainllm", "bare generate")]  # samples/s ratio = inverse time ratio
+    cpu_ratio = [1 / r for r in ratios(cpu, "posttrainllm", "bare generate")]  # the same in CPU time (load-proof)
     result = {
         "machine": machine_info(),
         "model": model_dir,
@@ -108,6 +114,9 @@ def main() -> None:
         "generated_tokens_per_rep": got["tokens"],
         "ratio_samples_per_s": median(ratio),
         "ratio_spread": spread(ratio),
+        "cpu_seconds": cpu,
+        "ratio_cpu_time": median(cpu_ratio),
+        "ratio_cpu_time_spread": spread(cpu_ratio),
         "identical_texts": identical,
         "model_load_s": round(load_s, 2),
     }
@@ -120,17 +129,21 @@ def main() -> None:
         ),  # fmt: skip
         f"  ratio posttrainllm / bare generate: {median(ratio):.3f} samples/s (spread {spread(ratio)[0]:.3f}-"
         f"{spread(ratio)[1]:.3f}); identical texts: {identical}",
+        f"  the same in process CPU time: {median(cpu_ratio):.3f} (spread {spread(cpu_ratio)[0]:.3f}-"
+        f"{spread(cpu_ratio)[1]:.3f})",
     ]
     if args.full_n:
         log(f"posttrainllm alone: {args.full_n} samples")
-        t = time.perf_counter()
-        texts, lengths = SR.draw(model, tok, prompt, **{**settings, "n": args.full_n})
-        full = time.perf_counter() - t
-        result["full"] = {"n": args.full_n, "seconds": round(full, 1), "generated_tokens": sum(lengths),
+        full_length = args.full_max_length or args.max_length
+        t, c = time.perf_counter(), time.process_time()
+        texts, lengths = SR.draw(model, tok, prompt, **{**settings, "n": args.full_n, "max_length": full_length})
+        full, full_cpu = time.perf_counter() - t, time.process_time() - c
+        result["full"] = {"n": args.full_n, "max_length": full_length, "seconds": round(full, 1),
+                          "cpu_seconds": round(full_cpu, 1), "generated_tokens": sum(lengths),
                           "samples_per_s": round(args.full_n / full, 3)}  # fmt: skip
         lines.append(
-            f"  N={args.full_n}: {full:.0f} s sampling ({args.full_n / full:.2f} samples/s, {sum(lengths)} tokens) "
-            f"+ {load_s:.1f} s to load the model for it"
+            f"  N={args.full_n} at max length {full_length}: {full:.0f} s sampling ({full_cpu:.0f} s of CPU time; "
+            f"{args.full_n / full:.3f} samples/s, {sum(lengths)} tokens) + {load_s:.1f} s to load the model for it"
         )
     emit(result, args.json, "\n".join(lines))
 

@@ -259,10 +259,21 @@ def obtain(cfg, tokenizer, *, chat: bool, model_identity, load_model: Callable, 
         batch_size=cfg.self_replay_batch_size, progress=Progress(echo) if is_rank0() else None,
     )  # fmt: skip
     seconds = time.perf_counter() - t0
-    del model
+    del model  # the sampling copy goes before the model to train loads
+    _free_memory()
     rate = round(len(texts) / max(seconds, 1e-9), 3)
     extra = dict(zip(MEASURED, (round(seconds, 2), rate, sum(lengths))))
     return SelfReplay(texts, current, seconds=seconds, extra=extra)
+
+
+def _free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def replay_pool(sr: SelfReplay, tokenizer, *, blocks: bool, max_length: int):
