@@ -1,14 +1,15 @@
 """--self-replay's sampling against a bare `model.generate` loop at the same settings, side by side in one process.
 
-    OMP_NUM_THREADS=1 nice python bench/self_replay.py                  # SmolLM2-135M, N=32 × 2 reps, then N=256
-    python bench/self_replay.py --model DIR --n 16 --full-n 0 --json    # another model, no long run
+    OMP_NUM_THREADS=1 nice python bench/self_replay.py           # SmolLM2-135M: N=16 × 4 reps, then N=32 at 192
+    python bench/self_replay.py --model DIR --full-n 0 --json    # another model, no long run
 
 Both contenders draw N samples at temperature 1 (no top-k / top-p), at most --max-length tokens with the prompt, in
 batches of --batch-size, seeded with --seed: posttrainllm's `data.self_replay.draw` and a plain loop of
 `torch.manual_seed(seed)` + `model.generate` + `batch_decode`. They must give the same texts (checked). Reported:
-samples/s and generated tokens/s of each, the median per-repetition ratio (goal ≥ 0.9), and, with --full-n, the
-time posttrainllm takes for that many samples (plus the model load a run adds for sampling). The prompt is BOS
-(what sft on prompt/completion strings and finetune use); --chat takes the empty user turn of the chat template.
+samples/s and generated tokens/s of each, the median per-repetition ratio in wall and in process CPU time (goal
+≥ 0.9), and, with --full-n, the time posttrainllm takes for that many samples at --full-max-length (plus the model
+load a run adds for sampling). The prompt is BOS (what sft on prompt/completion strings and finetune use); --chat
+takes the empty user turn of the chat template.
 """
 
 from __future__ import annotations
@@ -52,16 +53,16 @@ def bare_loop(model, tok, prompt: list[int], *, n: int, max_length: int, seed: i
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="model directory (default: the converted SmolLM2-135M-Instruct)")
-    p.add_argument("--n", type=int, default=32, help="samples per repetition of the side-by-side comparison")
-    p.add_argument("--full-n", type=int, default=256, help="then time posttrainllm alone for this many (0: skip)")
-    p.add_argument("--max-length", type=int, default=192)
-    p.add_argument("--full-max-length", type=int, default=None, help="--max-length of the --full-n run (default same)")
+    p.add_argument("--n", type=int, default=16, help="samples per repetition of the side-by-side comparison")
+    p.add_argument("--full-n", type=int, default=32, help="then time posttrainllm alone for this many (0: skip)")
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--full-max-length", type=int, default=192, help="--max-length of the --full-n run")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--chat", action="store_true", help="prompt: the chat template's empty user turn (default BOS)")
     args = p.parse_args()
-    reps = args.reps or (1 if args.quick else 2)
+    reps = args.reps or (1 if args.quick else 4)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,7 +135,7 @@ def main() -> None:
     ]
     if args.full_n:
         log(f"posttrainllm alone: {args.full_n} samples")
-        full_length = args.full_max_length or args.max_length
+        full_length = args.full_max_length
         t, c = time.perf_counter(), time.process_time()
         texts, lengths = SR.draw(model, tok, prompt, **{**settings, "n": args.full_n, "max_length": full_length})
         full, full_cpu = time.perf_counter() - t, time.process_time() - c

@@ -15,8 +15,8 @@
   hard kill, by the next run in the directory); if it saved one (an interrupt, a divergence), both are kept and the
   message says where.
 - **Records are not a run.** A directory holding only pre-training records (`run_config.json`,
-  `param_groups.json`, pretrain's `tokenizer/`, --self-replay's samples) is what a failed start or a `--dry-run` leaves: the next plain run
-  proceeds into it.
+  `param_groups.json`, pretrain's `tokenizer/`, --self-replay's samples) is what a failed start or a `--dry-run`
+  leaves: the next plain run proceeds into it.
 
 This module imports no torch/transformers.
 """

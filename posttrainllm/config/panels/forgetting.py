@@ -52,13 +52,14 @@ FORGETTING: tuple[Opt, ...] = (
         "self_replay",
         int,
         0,
-        "Sample N texts from the starting model before training (temperature 1, at most --max-length tokens; from "
-        "BOS, or as the answer to an empty user turn for conversational sft data) and mix them in at "
-        "--replay-ratio, against forgetting without replay data (0 = off). They are kept in "
-        "OUT/self_replay.jsonl with their settings in OUT/self_replay.json; the same --seed gives the same file, "
-        "and --resume reuses it (a changed N is refused). Not with --replay-dataset (one replay pool: pass an "
-        "earlier run's self_replay.jsonl there to use both). sft and finetune only: dpo and kto train on "
-        "preference pairs and unpaired labels, which self-generated text is not. Cost: SAMPLING_COST.",
+        "Sample N texts from the starting model before training and mix them in at --replay-ratio, against "
+        "forgetting without replay data (0 = off). Temperature 1, at most --max-length tokens, from BOS (or, for "
+        "conversational sft data, as the answer to an empty user turn). Kept in OUT/self_replay.jsonl (settings "
+        "in self_replay.json): the same --seed gives the same file, --resume reuses it and refuses a changed N. "
+        "Not with --replay-dataset (pass an earlier run's self_replay.jsonl there to mix both). sft and finetune "
+        "only (dpo and kto exit 2: a sample has no preference to learn). Cost on SmolLM2-135M at --max-length "
+        "192: about 2 s per sample on one CPU core, so N = 256 takes about 9 min on a 2-core CPU's one thread "
+        "(measured at N = 32 and extrapolated; docs/performance.md).",
         ("sft", "finetune", "dpo", "kto"),
         non_negative_int,
         "N",
