@@ -189,7 +189,9 @@ def test_finetune_mixes_sample_blocks_into_its_token_blocks(tiny_model_dir, tmp_
     args[args.index("--max-length") + 1] = "16"
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert len(_texts(out)) == 6 and "25% of rows from self-replay" in r.output
+    assert len(_texts(out)) == 6
+    config = json.loads((out / RUN_CONFIG).read_text())
+    assert config[SR.RECORD]["samples"] == 6 and config[SR.RECORD]["prompt"] == "bos"
 
 
 @pytest.mark.parametrize(
@@ -222,3 +224,30 @@ def test_bad_self_replay_settings_exit_2_before_a_model_loads(
     assert r.exit_code == 2, r.output
     assert needle in r.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.smoke
+def test_a_new_run_reuses_samples_of_the_same_settings_and_draws_for_others(tiny_model_dir, alpaca, tmp_path):
+    out = tmp_path / "run"
+    r = runner.invoke(app, _args("sft", tiny_model_dir, alpaca, out, "--self-replay", "3"))
+    assert r.exit_code == 0, r.output
+    first = (out / SELF_REPLAY).read_bytes()
+    r = runner.invoke(app, _args("sft", tiny_model_dir, alpaca, out, "--self-replay", "3", "--overwrite"))
+    assert r.exit_code == 0, r.output
+    assert "self-replay: sampling" not in r.output  # the progress lines are plain lines, outside the banner
+    assert (out / SELF_REPLAY).read_bytes() == first
+    other_seed = _args("sft", tiny_model_dir, alpaca, out, "--self-replay", "3", "--overwrite", "--seed", "9")
+    r = runner.invoke(app, other_seed)
+    assert r.exit_code == 0, r.output
+    assert "self-replay: 3/3 samples" in r.output and (out / SELF_REPLAY).read_bytes() != first
+    assert json.loads((out / SELF_REPLAY_SETTINGS).read_text())["seed"] == 9
+
+
+def test_samples_left_by_a_failed_start_are_pre_training_records(tmp_path):
+    from posttrainllm.rundir import outdir
+
+    for name in (RUN_CONFIG, "param_groups.json", SELF_REPLAY, SELF_REPLAY_SETTINGS):
+        (tmp_path / name).write_text("{}")
+    assert outdir.only_pre_training_records(tmp_path) and outdir.foreign(tmp_path) == []
+    (tmp_path / "notes.txt").write_text("the user's")
+    assert not outdir.only_pre_training_records(tmp_path) and outdir.foreign(tmp_path) == ["notes.txt"]
