@@ -251,3 +251,10 @@ def test_samples_left_by_a_failed_start_are_pre_training_records(tmp_path):
     assert outdir.only_pre_training_records(tmp_path) and outdir.foreign(tmp_path) == []
     (tmp_path / "notes.txt").write_text("the user's")
     assert not outdir.only_pre_training_records(tmp_path) and outdir.foreign(tmp_path) == ["notes.txt"]
+
+
+def test_the_file_reads_back_as_written_whatever_the_texts_hold(tmp_path):
+    texts = ["a\u2028b", "c\x85d\u2029", "line\nbreak", "", "\ufffd bytes"]
+    SR.SelfReplay(texts, {"n": len(texts)}).write(tmp_path)
+    saved, back, problem = SR._saved(tmp_path)
+    assert problem is None and back == texts and saved["sha256"] == SR.SelfReplay(texts, {}).record()["sha256"]

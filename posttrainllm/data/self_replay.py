@@ -199,7 +199,8 @@ def _saved(out: Path) -> tuple[dict | None, list[str] | None, str | None]:
     try:
         saved = json.loads(spath.read_text())
         digest = sha256(tpath)
-        texts = [json.loads(line)["text"] for line in tpath.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = tpath.read_text(encoding="utf-8").split("\n")  # not splitlines: a text may hold U+2028 or U+0085
+        texts = [json.loads(line)["text"] for line in lines if line.strip()]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return None, None, f"{SELF_REPLAY} or {SELF_REPLAY_SETTINGS} cannot be read ({e})"
     if not isinstance(saved, dict) or saved.get("sha256") != digest:
