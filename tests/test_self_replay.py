@@ -258,3 +258,22 @@ def test_the_file_reads_back_as_written_whatever_the_texts_hold(tmp_path):
     SR.SelfReplay(texts, {"n": len(texts)}).write(tmp_path)
     saved, back, problem = SR._saved(tmp_path)
     assert problem is None and back == texts and saved["sha256"] == SR.SelfReplay(texts, {}).record()["sha256"]
+
+
+def test_a_prompt_longer_than_max_length_exits_2_before_the_model_loads(tiny, tmp_path):
+    from types import SimpleNamespace
+
+    from posttrainllm.data import ensure_chat_template
+    from posttrainllm.errors import UsageError
+
+    chat_tok = build_tokenizer()
+    ensure_chat_template(chat_tok)
+    n_prompt = len(SR.prompt_ids(chat_tok, chat=True))
+    cfg = SimpleNamespace(output_dir=str(tmp_path), resume=False, model="m", self_replay=2, max_length=n_prompt,
+                          seed=0, self_replay_batch_size=2)  # fmt: skip
+
+    def no_load():
+        raise AssertionError("a model loaded")
+
+    with pytest.raises(UsageError, match=f"the prompt is {n_prompt} tokens"):
+        SR.obtain(cfg, chat_tok, chat=True, model_identity=None, load_model=no_load)

@@ -128,12 +128,7 @@ def draw(model, tokenizer, prompt: list[int], *, n: int, max_length: int, seed: 
 
     if n <= 0:
         return [], []
-    max_new = max_length - len(prompt)
-    if max_new < 1:
-        raise UsageError(
-            f"--self-replay: the prompt is {len(prompt)} tokens, which leaves no room under --max-length "
-            f"{max_length}; raise --max-length"
-        )
+    max_new = _room(prompt, max_length)
     device = next(model.parameters()).device
     kwargs = generate_kwargs(tokenizer, max_new)
     eos = {int(e) for e in ([kwargs["eos_token_id"]] if kwargs["eos_token_id"] is not None else [])}
@@ -159,6 +154,16 @@ def draw(model, tokenizer, prompt: list[int], *, n: int, max_length: int, seed: 
     finally:
         model.train(was_training)
     return texts, lengths
+
+
+def _room(prompt: list[int], max_length: int) -> int:
+    """Tokens a sample may have after its prompt; a UsageError when the prompt leaves none."""
+    if max_length - len(prompt) < 1:
+        raise UsageError(
+            f"--self-replay: the prompt is {len(prompt)} tokens, which leaves no room under --max-length "
+            f"{max_length}; raise --max-length"
+        )
+    return max_length - len(prompt)
 
 
 class Progress:
@@ -248,6 +253,7 @@ def obtain(cfg, tokenizer, *, chat: bool, model_identity, load_model: Callable, 
     if texts is not None and not _mismatch(saved, current):
         measured = {k: saved[k] for k in MEASURED if k in saved}
         return SelfReplay(texts, current, reused=True, extra=measured)
+    _room(prompt, cfg.max_length)  # before the model loads
     if is_rank0():
         echo(
             f"self-replay: sampling {cfg.self_replay} texts from the starting model (batches of "
