@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def setup(ctx: Context) -> Setup:
     from posttrainllm import models, weights
-    from posttrainllm.data import check_reward_columns, label_note, pipeline
+    from posttrainllm.data import check_reward_columns, label_note, pipeline, self_replay
 
     cfg, spec = ctx.cfg, ctx.spec
     rewards = _rewards(cfg, spec)  # the user's reward code is imported first: a bad --reward-fn stops before any model
@@ -44,7 +44,7 @@ def setup(ctx: Context) -> Setup:
     notes += clamped
     if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
-    prepared = pipeline.prepare(cfg, tokenizer, spec.data)
+    prepared = pipeline.prepare(cfg, tokenizer, spec.data, *_starting_model(cfg, model_path, ctx.precision, model_args))
     if spec.rewards:
         check_reward_columns(prepared, cfg.reward_match)
     model = models.load_model(
@@ -65,6 +65,8 @@ def setup(ctx: Context) -> Setup:
         "n_eval": prepared.n_eval,
         "model_args": {k: str(v) for k, v in model_args.items()},
     }
+    if prepared.self_replay is not None:
+        resolved[self_replay.RECORD] = prepared.self_replay.record()
     if source:
         resolved["model_source"] = {**source, "converted_to": model_path}
     if ref_path and ref_source:
@@ -76,7 +78,26 @@ def setup(ctx: Context) -> Setup:
     return Setup(
         cfg=cfg, model=model, tokenizer=tokenizer, prepared=prepared, plan=plan, info=info, notes=notes,
         resolved=resolved, model_path=model_path, trainer_models=trainer_models,
+        after_plan=prepared.self_replay.write if prepared.self_replay is not None else None,
     )  # fmt: skip
+
+
+def _starting_model(cfg: RunConfig, model_path: str, precision: str, model_args: dict):
+    """--self-replay's loader of the model training starts from (loaded for sampling, on the GPU when there is
+    one, and released before the model to train loads) and that model's identity; (None, None) without it."""
+    if not cfg.self_replay:
+        return None, None
+    from posttrainllm import models
+    from posttrainllm.rundir.fingerprint import input_identity
+
+    def load():
+        import torch
+
+        model = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision,
+                                  model_args=model_args)  # fmt: skip
+        return model.to("cuda") if torch.cuda.is_available() else model
+
+    return load, input_identity(model_path) or {"ref": cfg.model}
 
 
 def _rewards(cfg: RunConfig, spec: CommandSpec):
@@ -196,7 +217,7 @@ def gguf_note(source: dict) -> str | None:
 def _info(cfg: RunConfig, spec: CommandSpec, model, plan, prepared, source, ctx: Context) -> dict:
     """The banner's rows: what trains on what (the command's own rows from its spec)."""
     from posttrainllm import models
-    from posttrainllm.data import describe
+    from posttrainllm.data import describe, pipeline
     from posttrainllm.lifecycle import device_name
 
     n_total = sum(p.numel() for p in model.parameters())
@@ -213,7 +234,7 @@ def _info(cfg: RunConfig, spec: CommandSpec, model, plan, prepared, source, ctx:
         if cfg.lora_r
         else None,
         **(spec.rows(cfg) if spec.rows is not None else {}),  # e.g. DPO, GRPO, distill, packing
-        "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
+        "replay": pipeline.replay_row(cfg, prepared),
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {ctx.resume_from.name})" if ctx.resume_from else ""),

@@ -127,6 +127,10 @@ def positive_int(v):
     return None if v > 0 else "must be a positive integer"
 
 
+def non_negative_int(v):
+    return None if v >= 0 else "must be an integer >= 0 (0 = off)"
+
+
 def steps(v):
     return None if v == -1 or v > 0 else "must be a positive integer (or -1 for 'use --epochs')"
 

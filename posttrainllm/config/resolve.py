@@ -131,10 +131,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append(
             "--llrd-freeze-below is above --llrd-min-scale: with the clamp nothing is below it; set one of them"
         )
-    if v.get("replay_ratio") and not v.get("replay_dataset"):
-        problems.append("--replay-ratio needs --replay-dataset")
-    if v.get("replay_dataset") and not v.get("replay_ratio"):
-        problems.append("--replay-dataset needs --replay-ratio > 0")
+    problems += _replay_checks(command, v)
     if v.get("eval_dataset") and v.get("eval_split"):
         problems.append("give either --eval-dataset or --eval-split, not both")
     if v.get("streaming") and (v.get("max_steps") or -1) <= 0:
@@ -169,4 +166,28 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
         if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
             problems.append(f"text file not found: {shorten(path)}")
+    return problems
+
+
+def _replay_checks(command: str, v: dict[str, Any]) -> list[str]:
+    """--replay-dataset / --self-replay N: one replay pool, mixed in at --replay-ratio > 0, for sft and finetune."""
+    problems = []
+    n = v.get("self_replay") or 0
+    if n and command in ("dpo", "kto"):
+        what = "preference pairs (prompt, chosen, rejected)" if command == "dpo" else "labelled completions"
+        problems.append(
+            f"--self-replay is for sft and finetune: {command} trains on {what}, and a sample of the model is "
+            "plain text with no preference to learn; mix replay into an sft or finetune stage, or anchor "
+            f"{command} with its reference model (--beta)"
+        )
+        return problems
+    if n and v.get("replay_dataset"):
+        problems.append(
+            "--self-replay and --replay-dataset both give the replay rows: pick one (to mix both, pass an earlier "
+            "run's self_replay.jsonl with your text as one --replay-dataset)"
+        )
+    elif v.get("replay_ratio") and not (v.get("replay_dataset") or n):
+        problems.append("--replay-ratio needs --replay-dataset or --self-replay N")
+    elif (v.get("replay_dataset") or n) and not v.get("replay_ratio"):
+        problems.append(f"{'--self-replay' if n else '--replay-dataset'} needs --replay-ratio > 0")
     return problems

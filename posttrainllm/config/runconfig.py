@@ -81,6 +81,8 @@ class RunConfig:
     train_on_prompt: bool = False
     replay_dataset: str | None = None
     replay_ratio: float = 0.0
+    self_replay: int = 0
+    self_replay_batch_size: int = 16
     save_steps: int = 200
     save_total_limit: int = 2
     logging_steps: int = 10

@@ -4,7 +4,10 @@ config. One function per command shape; each returns the `Prepared` data the tra
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from posttrainllm.data import self_replay
 
 if TYPE_CHECKING:
     from posttrainllm.commands.spec import DataShape
@@ -31,9 +34,12 @@ def data_options(cfg: RunConfig) -> dict:
     )
 
 
-def prepare(cfg: RunConfig, tokenizer, shape: DataShape):
+def prepare(
+    cfg: RunConfig, tokenizer, shape: DataShape, starting_model: Callable[[], Any] | None = None, model_identity=None
+):
     """A post-training command's data, of its spec's `shape` (posttrainllm/commands/spec.py: sft rows, preference
-    pairs, unpaired labelled completions, prompts, or raw text), replay mixed in, then (sft) the loss mask."""
+    pairs, unpaired labelled completions, prompts, or raw text), replay mixed in (--replay-dataset, or --self-replay's
+    samples of `starting_model()`, a loader of the model training starts from), then (sft) the loss mask."""
     from posttrainllm import data
 
     common = data_options(cfg)
@@ -47,7 +53,17 @@ def prepare(cfg: RunConfig, tokenizer, shape: DataShape):
         prepared = data.prepare_prompts(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
-    if cfg.replay_dataset:
+    if _self_replay_on(cfg):
+        sr = self_replay.obtain(
+            cfg, tokenizer, chat=shape == "sft" and prepared.conversational, model_identity=model_identity,
+            load_model=starting_model, echo=banner_echo,
+        )  # fmt: skip
+        replay = self_replay.replay_pool(sr, tokenizer, blocks=shape == "text", max_length=cfg.max_length)
+        prepared.train = data.mix_replay(prepared.train, replay, cfg.replay_ratio, cfg.seed)
+        prepared.self_replay = sr
+        if not cfg.streaming:
+            prepared.n_train = len(prepared.train)
+    elif cfg.replay_dataset:
         if shape == "sft":  # replay rows take the SFT rows' shape, with the loss on the replayed text
             replay = data.load_texts(cfg.replay_dataset, streaming=cfg.streaming)
         else:  # finetune: replay token blocks of the same length beside the training blocks
@@ -67,3 +83,23 @@ def prepare(cfg: RunConfig, tokenizer, shape: DataShape):
             prepared, tokenizer, train_on_prompt=cfg.train_on_prompt, num_proc=cfg.dataset_num_proc
         )
     return prepared
+
+
+def _self_replay_on(cfg: RunConfig) -> bool:
+    """--self-replay N > 0 on a run that trains (a dry run samples nothing: its banner says what would be)."""
+    return bool(getattr(cfg, "self_replay", 0)) and not cfg.dry_run
+
+
+def banner_echo(line: str) -> None:
+    from posttrainllm import banner
+
+    banner.console.print(line)
+
+
+def replay_row(cfg: RunConfig, prepared) -> str | None:
+    """The banner's replay row: where the replay rows come from and their share of the rows."""
+    if getattr(cfg, "self_replay", 0):
+        sr = getattr(prepared, "self_replay", None)
+        what = sr.row() if sr is not None else f"{cfg.self_replay} samples of the starting model (not drawn: dry run)"
+        return f"{cfg.replay_ratio:.0%} of rows from self-replay: {what}"
+    return f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None

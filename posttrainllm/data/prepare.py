@@ -37,6 +37,7 @@ class PreparedData:
     streaming: bool = False
     loss: Any = None  # sft: the LossMask of apply_loss_mask (what the loss falls on)
     desirable: int | None = None  # prepare_kto: train rows labelled true (None for a stream)
+    self_replay: Any = None  # --self-replay: the samples mixed in (posttrainllm/data/self_replay.py's SelfReplay)
 
 
 def _check_args(eval_split: float, eval_source: str | None, max_samples: int | None) -> None:

@@ -19,6 +19,8 @@ MANIFEST = "manifest.json"
 MARKER = "COMPLETE"
 FINAL_MARKER = "training_complete.json"
 RUN_CONFIG = "run_config.json"
+SELF_REPLAY = "self_replay.jsonl"  # --self-replay: the samples of the starting model (posttrainllm/data/self_replay.py)
+SELF_REPLAY_SETTINGS = "self_replay.json"  # ... and how they were drawn
 CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
 # records a run writes besides the model (run_config.json ... training_complete.json), always ours by name
 OWN_RECORDS = frozenset(
@@ -28,6 +30,8 @@ OWN_RECORDS = frozenset(
         "trainer_state.json",
         "eval_results.json",
         FINAL_MARKER,
+        SELF_REPLAY,
+        SELF_REPLAY_SETTINGS,
     }
 )
 

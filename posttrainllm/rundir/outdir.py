@@ -15,8 +15,8 @@
   hard kill, by the next run in the directory); if it saved one (an interrupt, a divergence), both are kept and the
   message says where.
 - **Records are not a run.** A directory holding only pre-training records (`run_config.json`,
-  `param_groups.json`, pretrain's `tokenizer/`) is what a failed start or a `--dry-run` leaves: the next plain run
-  proceeds into it.
+  `param_groups.json`, pretrain's `tokenizer/`, --self-replay's samples) is what a failed start or a `--dry-run`
+  leaves: the next plain run proceeds into it.
 
 This module imports no torch/transformers.
 """
@@ -40,6 +40,8 @@ from posttrainllm.rundir.layout import (
     MANIFEST,
     MARKER,
     OWN_RECORDS,
+    SELF_REPLAY,
+    SELF_REPLAY_SETTINGS,
     finished_run,
     is_rank0,
     manifest,
@@ -53,7 +55,7 @@ LOCK_NAME = "lock"
 SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
 # what a run writes before its first training step: a directory holding only these is not a finished run
-PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer"})
+PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer", SELF_REPLAY, SELF_REPLAY_SETTINGS})
 # inputs that --overwrite must not be asked to replace
 INPUT_KEYS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset", "model_config")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from posttrainllm.config.checks import (
     LANGUAGE_MODELS,
     fraction_below_one,
+    non_negative_int,
+    positive_int,
 )
 from posttrainllm.config.opt import Opt
 
@@ -40,10 +42,38 @@ FORGETTING: tuple[Opt, ...] = (
         name="replay_ratio",
         type=float,
         default=0.0,
-        help="Fraction of training rows taken from --replay-dataset.",
+        help="Fraction of training rows taken from --replay-dataset or --self-replay's samples.",
         commands=("sft", "finetune"),
         check=fraction_below_one,
         metavar="FRACTION",
+        panel="Forgetting",
+    ),
+    Opt(
+        name="self_replay",
+        type=int,
+        default=0,
+        help="Sample N texts from the starting model before training and mix them in at --replay-ratio, against "
+        "forgetting without replay data (0 = off). Temperature 1, at most --max-length tokens, from BOS (or, for "
+        "conversational sft data, as the answer to an empty user turn). Kept in OUT/self_replay.jsonl (settings "
+        "in self_replay.json): the same --seed gives the same file, --resume reuses it and refuses a changed N. "
+        "Not with --replay-dataset (pass an earlier run's self_replay.jsonl there to mix both). sft and finetune "
+        "only (dpo and kto exit 2: a sample has no preference to learn). Cost on SmolLM2-135M at --max-length "
+        "192: about 2 s per sample on one CPU core, so N = 256 takes about 9 min on a 2-core CPU's one thread "
+        "(measured at N = 32 and extrapolated; docs/performance.md).",
+        commands=("sft", "finetune", "dpo", "kto"),
+        check=non_negative_int,
+        metavar="N",
+        panel="Forgetting",
+    ),
+    Opt(
+        name="self_replay_batch_size",
+        type=int,
+        default=16,
+        help="Samples generated together by --self-replay (one model.generate call, KV cache on). Part of what the "
+        "samples are: another batch size draws other samples from the same --seed.",
+        commands=("sft", "finetune"),
+        check=positive_int,
+        metavar="N",
         panel="Forgetting",
     ),
 )
