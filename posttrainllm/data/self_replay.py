@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import DataError, UsageError
 from ..rundir.layout import RUN_CONFIG, SELF_REPLAY, SELF_REPLAY_SETTINGS, is_rank0, sha256, write_json
@@ -40,6 +41,9 @@ PROGRESS_EVERY = 10.0  # seconds between two progress lines while sampling
 # the settings that make the file what it is: another value means other samples
 KEYS = ("model", "n", "temperature", "max_length", "seed", "batch_size", "prompt_ids")
 MEASURED = ("seconds", "samples_per_s", "generated_tokens")  # what sampling measured, kept when the file is reused
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 
 @dataclass
@@ -181,7 +185,7 @@ class Progress:
         self.echo(f"self-replay: {done}/{n} samples, {rate:.2f} samples/s, {seconds:.0f} s")
 
 
-def settings(cfg, model_identity, prompt: list[int], chat: bool) -> dict:
+def settings(cfg: RunConfig, model_identity, prompt: list[int], chat: bool) -> dict:
     """What makes the file what it is (`KEYS`), plus the prompt's form."""
     return {
         "model": model_identity,
@@ -228,7 +232,7 @@ def _mismatch(saved: dict, current: dict) -> list[str]:
     return [f"{k}: {saved.get(k)!r} → {current[k]!r}" for k in KEYS if saved.get(k) != current[k]]
 
 
-def obtain(cfg, tokenizer, *, chat: bool, model_identity, load_model: Callable, echo=print) -> SelfReplay:
+def obtain(cfg: RunConfig, tokenizer, *, chat: bool, model_identity, load_model: Callable, echo=print) -> SelfReplay:
     """The run's samples: reused from the output directory when they were drawn with the same settings (always
     on --resume, which refuses other settings or a changed file with a UsageError, before any model loads), else
     drawn from `load_model()` (the starting model, loaded for this and released after)."""
