@@ -5,7 +5,7 @@ table (tests/test_config.py checks it). Imports no torch/transformers."""
 
 from __future__ import annotations
 
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.panels.eval import EVAL
 from posttrainllm.config.panels.everywhere import EVERYWHERE
 from posttrainllm.config.panels.forgetting import FORGETTING
@@ -27,11 +27,12 @@ EVAL_MODEL = Opt(
     "model",
     str,
     None,
-    "Model to evaluate: a local directory or hub id.",
+    "Model to evaluate: a local directory, GGUF file or hub id.",
     ("eval",),
     metavar="PATH_OR_HUB_ID",
     required=True,
     panel="Inputs",
+    input=PATH,
 )
 
 COMMAND_DEFAULT_LR = {
@@ -62,11 +63,12 @@ GENERATE_MODEL = Opt(
     "model",
     str,
     None,
-    "Model to generate with: a local directory or hub id.",
+    "Model to generate with: a local directory, GGUF file or hub id.",
     ("generate",),
     metavar="PATH_OR_HUB_ID",
     required=True,
     panel="Inputs",
+    input=PATH,
 )
 EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT, "generate": GENERATE_MODEL}
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from posttrainllm.config.checks import ONLINE_RL, TRAINING
 from posttrainllm.config.coerce import option_value, quote
+from posttrainllm.config.inputs import local_inputs, output_file_problems
 from posttrainllm.config.opt import Opt
 from posttrainllm.config.options import (
     COMMAND_DEFAULT_LR,
@@ -171,6 +172,9 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
     if command == "generate" and v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
         problems.append(f"--prompts: {v['prompts']} does not exist")
+    if command == "generate" and v.get("output") and v.get("prompt") is None:
+        inputs = local_inputs({**v, "command": command})
+        problems += output_file_problems("--output", v["output"], bool(v.get("overwrite")), inputs)
     if command == "eval" and not v.get("text") and not v.get("sft_dataset"):
         problems.append("nothing to evaluate: give --text FILE (repeatable) and/or --sft-dataset FILE")
     for key in (

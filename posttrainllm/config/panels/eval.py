@@ -5,11 +5,18 @@ from __future__ import annotations
 from posttrainllm.config.checks import (
     positive_int,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 EVAL: tuple[Opt, ...] = (
     Opt(
-        "text", list, [], "Text file to measure perplexity on (repeatable).", ("eval",), metavar="FILE", panel="Inputs"
+        "text",
+        list,
+        [],
+        "Text file to measure perplexity on (repeatable).",
+        ("eval",),
+        metavar="FILE",
+        panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "reference",
@@ -20,6 +27,7 @@ EVAL: tuple[Opt, ...] = (
         ("eval",),
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "sft_dataset",
@@ -29,6 +37,7 @@ EVAL: tuple[Opt, ...] = (
         ("eval",),
         metavar="FILE",
         panel="Inputs",
+        input=PATH,
     ),
     Opt("json", bool, False, "Print only a JSON object with the results.", ("eval",), panel="Run", recipe=False),
     Opt("eval_batch_size", int, 8, "Windows per forward pass.", ("eval",), positive_int, "N"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import ALL_COMMANDS, TRAINING
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 EVERYWHERE: tuple[Opt, ...] = (
     Opt(
@@ -15,6 +15,7 @@ EVERYWHERE: tuple[Opt, ...] = (
         metavar="FILE",
         panel="Run",
         recipe=False,
+        input=PATH,
     ),
     Opt("debug", bool, False, "Show full tracebacks.", ALL_COMMANDS, panel="Run", recipe=False),
 )

@@ -6,7 +6,7 @@ from posttrainllm.config.checks import (
     LANGUAGE_MODELS,
     fraction_below_one,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 FORGETTING: tuple[Opt, ...] = (
     Opt(
@@ -17,6 +17,7 @@ FORGETTING: tuple[Opt, ...] = (
         LANGUAGE_MODELS,
         metavar="FILE",
         panel="Forgetting",
+        input=PATH,
     ),
     Opt(
         "train_on_prompt",
@@ -35,6 +36,7 @@ FORGETTING: tuple[Opt, ...] = (
         ("sft", "finetune"),
         metavar="FILE",
         panel="Forgetting",
+        input=PATH,
     ),
     Opt(
         "replay_ratio",

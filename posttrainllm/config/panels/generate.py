@@ -9,7 +9,7 @@ from posttrainllm.config.checks import (
     positive_int,
     unit_interval,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 GENERATE: tuple[Opt, ...] = (
     Opt("prompt", str, None, "Prompt to complete (printed to stdout).", ("generate",), metavar="TEXT", panel="Inputs"),
@@ -21,6 +21,7 @@ GENERATE: tuple[Opt, ...] = (
         ("generate",),
         metavar="FILE",
         panel="Inputs",
+        input=PATH,
     ),
     Opt("system", str, None, "System message put before the prompt.", ("generate",), metavar="TEXT", panel="Inputs"),
     Opt(

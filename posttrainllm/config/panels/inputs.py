@@ -9,18 +9,20 @@ from posttrainllm.config.checks import (
     fraction_below_one,
     positive_int,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 INPUTS: tuple[Opt, ...] = (
     Opt(
         "model",
         str,
         None,
-        "Model to start from: a local directory or a Hugging Face hub id.",
+        "Model to start from: a local directory, a GGUF file (.gguf, converted once and cached) or a Hugging Face "
+        "hub id.",
         POST_TRAINING,
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "dataset",
@@ -31,6 +33,7 @@ INPUTS: tuple[Opt, ...] = (
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "output_dir",
@@ -50,6 +53,7 @@ INPUTS: tuple[Opt, ...] = (
         TRAINING,
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "eval_split",
@@ -95,10 +99,11 @@ INPUTS: tuple[Opt, ...] = (
         "ref_model",
         str,
         None,
-        "DPO / KTO reference model (default: a frozen copy of --model).",
+        "DPO / KTO reference model: a local directory, GGUF file or hub id (default: a frozen copy of --model).",
         ("dpo", "kto"),
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "teacher",
@@ -109,6 +114,7 @@ INPUTS: tuple[Opt, ...] = (
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "model_config",
@@ -118,6 +124,7 @@ INPUTS: tuple[Opt, ...] = (
         ("pretrain",),
         metavar="PRESET_OR_PATH",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         "vocab_size",

@@ -31,7 +31,13 @@ RUN_CONTROL: tuple[Opt, ...] = (
         panel="Run",
     ),
     Opt(
-        "overwrite", bool, False, "Allow writing into a non-empty output directory.", TRAINING + ("demo",), panel="Run"
+        "overwrite",
+        bool,
+        False,
+        "Allow writing into a non-empty output directory (replaced only once the new run is complete; generate: "
+        "replace an existing --output file).",
+        TRAINING + ("demo", "generate"),
+        panel="Run",
     ),
     Opt("resume", bool, False, "Continue from the newest complete checkpoint in --output-dir.", TRAINING, panel="Run"),
     Opt(
