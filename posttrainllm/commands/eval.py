@@ -9,8 +9,7 @@ import sys
 from posttrainllm import banner
 from posttrainllm.errors import UsageError
 from posttrainllm.planning import clamp_max_length
-
-_TOKENIZER_PROBE = "The quick brown fox, 1234 times.\ndef f(x):\n    return {'a': x}  # ünïcode"
+from posttrainllm.vocab import PROBE as _TOKENIZER_PROBE
 
 
 def _eval_reference(cfg, tokenizer):
