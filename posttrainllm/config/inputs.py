@@ -91,9 +91,19 @@ def output_file_problems(flag: str, output: str, overwrite: bool, inputs: list[t
     """Why `output` cannot be the file a command writes (empty when it can): its folder must exist, it must not be a
     directory or a special file, an existing file needs --overwrite (then it is replaced whole, never written in
     place), and it must be none of the run's inputs nor lie inside one (a model directory)."""
-    path = os.path.expanduser(output)
     shown = shorten(output)
+    if "\0" in output:
+        return [f"{flag} {shown} holds a NUL character: name a file"]
+    if output.endswith(("/", os.sep)):
+        return [f"{flag} {shown} ends with a path separator: give a file name"]
+    path = os.path.expanduser(output)
     folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # a name too long, a file where a folder should be, no permission to look
+        return [f"{flag} {shown} cannot be written: {e.strerror or e}"]
     if not os.path.isdir(folder):
         return [f"{flag} {shown}: its folder {shorten(folder)} does not exist; create it or pick another path"]
     if not os.access(folder, os.W_OK | os.X_OK):
