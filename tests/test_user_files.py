@@ -274,6 +274,21 @@ def test_a_run_another_tool_made_is_neither_replaced_nor_resumed(their_run, tiny
     assert not (their_run / ".posttrainllm").exists()
 
 
+def test_an_empty_hidden_folder_does_not_make_another_tools_run_ours(their_run, tiny_model_dir, tmp_path):
+    (their_run / ".posttrainllm").mkdir()
+    (their_run / ".posttrainllm" / "lock").write_text("{}")  # what a killed attempt could leave
+    before = snapshot(their_run)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world\n" * 50)
+    r = runner.invoke(
+        app,
+        ["finetune", "--model", str(tiny_model_dir), "--dataset", str(corpus), "--output-dir", str(their_run),
+         "--overwrite", "--max-steps", "1", "--batch-size", "2", "--max-length", "16"],
+    )  # fmt: skip
+    assert r.exit_code == 2 and "a run posttrainllm did not make" in _one_line(r.output), r.output
+    assert snapshot(their_run) == before
+
+
 def test_a_finished_posttrainllm_run_is_still_posttrainllms(previous_run):
     from posttrainllm.rundir.outdir import another_tools_run, foreign, made_by_posttrainllm
 

@@ -68,11 +68,12 @@ def entries(out: Path) -> list[str]:
 
 
 def made_by_posttrainllm(out: Path) -> bool:
-    """Whether the run in `out` is posttrainllm's: its hidden folder is there, or a run_config.json it wrote (a JSON
-    object naming a training command). A directory another tool filled (transformers' `checkpoint-N/` and
-    `trainer_state.json`, with neither) is the user's: nothing in it is taken for posttrainllm's."""
+    """Whether the run in `out` is posttrainllm's: its hidden folder holds a manifest or moved-aside contents, or a
+    run_config.json it wrote is there (a JSON object naming a training command). A directory another tool filled
+    (transformers' `checkpoint-N/` and `trainer_state.json`, with neither) is the user's: nothing in it is taken for
+    posttrainllm's, not even with an empty `.posttrainllm/` beside it."""
     hidden = out / HIDDEN
-    if hidden.is_dir() and not hidden.is_symlink():
+    if not hidden.is_symlink() and ((hidden / MANIFEST).is_file() or slots(out)):
         return True
     record = out / RUN_CONFIG
     if record.is_symlink() or not record.is_file():
