@@ -193,6 +193,23 @@ def test_generate_never_writes_into_the_model_it_uses(model_copy, prompts, name)
     assert snapshot(model_copy, prompts.parent) == before
 
 
+def test_generate_never_writes_into_the_directory_a_hub_id_or_gguf_file_resolves_to(
+    model_copy, prompts, tmp_path, monkeypatch
+):
+    """A GGUF file is converted into a cached directory, a hub id read from the hub's cache: --output may not point
+    there either, and the check comes before the model loads."""
+    from posttrainllm import models
+
+    monkeypatch.setattr(models, "resolve_model", lambda ref, *a, **k: (str(model_copy), None))
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    before = snapshot(model_copy, prompts.parent)
+    r = _generate(gguf, prompts, model_copy / "generation_config.json", "--overwrite")
+    assert r.exit_code == 2 and f"is inside --model {gguf}" in _one_line(r.output), r.output
+    assert snapshot(model_copy, prompts.parent) == before
+
+
 def test_generate_refuses_an_existing_output_unless_overwrite_and_then_replaces_it_whole(model_copy, prompts, tmp_path):
     out = tmp_path / "results.jsonl"
     out.write_text("my earlier results\n")
