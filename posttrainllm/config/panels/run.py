@@ -34,8 +34,8 @@ RUN_CONTROL: tuple[Opt, ...] = (
         "overwrite",
         bool,
         False,
-        "Allow writing into a non-empty output directory (replaced only once the new run is complete; generate: "
-        "replace an existing --output file).",
+        "Replace what is there: a non-empty --output-dir (its previous run is removed only once the new one is "
+        "complete), or generate's existing --output file.",
         TRAINING + ("demo", "generate"),
         panel="Run",
     ),
