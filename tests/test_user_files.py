@@ -131,6 +131,26 @@ def test_a_teacher_in_a_checkpoint_of_the_output_dir_is_refused(previous_run, ti
     assert snapshot(previous_run) == before
 
 
+def test_a_plain_run_into_a_dry_runs_records_refuses_an_input_among_them(tiny_model_dir, tmp_path):
+    """A dry run's directory is one the next plain run writes into: an input inside what it rewrites is refused."""
+    out = tmp_path / "o"
+    (out / "tokenizer").mkdir(parents=True)
+    (out / "run_config.json").write_text(json.dumps({"command": "pretrain"}))
+    (out / ".posttrainllm").mkdir()
+    (out / ".posttrainllm" / "manifest.json").write_text(json.dumps({"files": ["tokenizer"]}))  # pretrain's own
+    (out / "tokenizer" / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("hello world\n" * 50)
+    before = snapshot(out)
+    r = runner.invoke(
+        app,
+        ["pretrain", "--dataset", str(corpus), "--model-config", str(out / "tokenizer" / "config.json"),
+         "--output-dir", str(out), "--max-steps", "1"],
+    )  # fmt: skip
+    assert r.exit_code == 2 and "--model-config" in r.output and "inside --output-dir" in _one_line(r.output), r.output
+    assert snapshot(out) == before
+
+
 def test_an_input_outside_the_replaced_entries_does_not_stop_a_resume(previous_run):
     """On --resume only what a resumed run may rewrite counts (the directory itself, checkpoints, its files): a
     file of the user's next to the run is left alone, so reading it is fine."""

@@ -165,7 +165,9 @@ def _refuse_inputs_inside(cfg, out: Path, *, only_ours: bool = False) -> None:
     found = _inputs_inside(cfg, out, only_ours=only_ours)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        how = "--resume would rewrite" if cfg.resume else "--overwrite would replace"
+        how = "this run would rewrite"
+        if cfg.overwrite or cfg.resume:
+            how = "--overwrite would replace" if cfg.overwrite else "--resume would rewrite"
         raise UsageError(
             f"{found[0]}{more} is inside --output-dir {cfg.output_dir}: {how} what this run reads; choose another "
             "--output-dir (or copy the input elsewhere first)"
@@ -413,6 +415,7 @@ def _check(cfg, out: Path) -> bool:
                 "replaces a previous run's own files: move it elsewhere or choose another --output-dir"
             )
         return True
+    _refuse_inputs_inside(cfg, out, only_ours=True)
     if only_pre_training_records(out):
         return True  # a failed start or a dry run left only its records: not a finished run
     strangers = foreign(out)
