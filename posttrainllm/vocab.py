@@ -18,7 +18,7 @@ def vocabulary_difference(ours, theirs, ours_name: str = "--model", theirs_name:
     a, b = ours.get_vocab(), theirs.get_vocab()
     if a != b:
         problems = []
-        for token, i in a.items():
+        for token, i in sorted(a.items(), key=lambda item: item[1]):  # the lowest id first
             j = b.get(token)
             if j != i:
                 there = f"missing from {theirs_name}'s" if j is None else f"{j} in {theirs_name}'s"
