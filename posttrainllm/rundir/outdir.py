@@ -182,7 +182,7 @@ def _refuse_another_tools_run(out: Path, label: str) -> None:
     start = f", or start from it with --model {shorten(str(Path(label) / ckpts[-1]), 120)}" if ckpts else ""
     raise UsageError(
         f"--output-dir {label} holds a run posttrainllm did not make ({', '.join(shorten(n, 40) for n in theirs[:4])}"
-        f"{', ...' if len(theirs) > 4 else ''}; no {HIDDEN}/ and no run_config.json of posttrainllm's): it is neither "
+        f"{', ...' if len(theirs) > 4 else ''}; none of posttrainllm's records): it is neither "
         f"resumed nor replaced; choose another --output-dir{start}"
     )
 
