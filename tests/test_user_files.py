@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from posttrainllm.cli import app
 from posttrainllm.config.checks import TRAINING
 from posttrainllm.config.inputs import input_options
-from posttrainllm.config.opt import CODE
+from posttrainllm.config.opt import CODE, PATH
 
 runner = CliRunner()
 
@@ -335,3 +335,38 @@ def test_a_finished_posttrainllm_run_is_still_posttrainllms(previous_run):
     (previous_run / "run_config.json").write_text(json.dumps({"learning_rate": 1}))  # another tool's record
     assert not made_by_posttrainllm(previous_run)
     assert "checkpoint-2" in another_tools_run(previous_run) and "run_config.json" in foreign(previous_run)
+
+
+# ------------------------------------------------------------------- every path input: a FIFO is refused unopened
+FIFO_CASES = [(c, o.name) for c in (*TRAINING, "eval", "generate") for o in input_options(c) if o.input == PATH]
+
+
+@pytest.mark.parametrize("command, name", FIFO_CASES)
+def test_every_path_input_refuses_a_fifo_before_opening_it(command, name, tiny_model_dir, tmp_path):
+    import signal
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    opt = next(o for o in input_options(command) if o.name == name)
+    if command == "eval":
+        args = {"model": ["--model", str(tiny_model_dir)], "text": ["--text", str(tmp_path / "t.txt")]}
+        (tmp_path / "t.txt").write_text("hello\n")
+    elif command == "generate":
+        args = {"model": ["--model", str(tiny_model_dir)], "prompts": ["--prompts", str(tmp_path / "p.txt")]}
+        (tmp_path / "p.txt").write_text("hello\n")
+    else:
+        args = _base_args(command, tiny_model_dir, tmp_path)
+    args[name] = [opt.cli_flag, str(fifo)] + (["--replay-ratio", "0.5"] if name == "replay_dataset" else [])
+    argv = [command, *(a for v in args.values() for a in v)]
+    if command in TRAINING:
+        argv += ["--output-dir", str(tmp_path / "o")]
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail(f"{opt.cli_flag} FIFO was opened (blocked)"))
+    signal.alarm(60)
+    try:
+        r = runner.invoke(app, argv)
+    finally:
+        signal.alarm(0)
+    text = _one_line(r.output)
+    named = f"{opt.cli_flag} {fifo}" in text or f"{opt.name} {fifo}" in text  # the recipe says "recipe PATH"
+    assert r.exit_code == 2 and named and f"{fifo} is a FIFO" in text, r.output
+    assert not (tmp_path / "o").exists()

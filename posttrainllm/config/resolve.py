@@ -9,8 +9,8 @@ from typing import Any
 
 from posttrainllm.config.checks import ONLINE_RL, TRAINING
 from posttrainllm.config.coerce import option_value, quote
-from posttrainllm.config.inputs import local_inputs, output_file_problems
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.inputs import entries, input_options, local_inputs, output_file_problems
+from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.options import (
     COMMAND_DEFAULT_LR,
     COMMAND_DEFAULT_MAX_LENGTH,
@@ -170,7 +170,8 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
     if command == "generate" and v.get("output") and v.get("prompt") is not None:
         problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
-    if command == "generate" and v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
+    prompts = v.get("prompts") if command == "generate" else None
+    if prompts and not special_file(prompts) and not os.path.isfile(os.path.expanduser(prompts)):
         problems.append(f"--prompts: {v['prompts']} does not exist")
     if command == "generate" and v.get("output") and v.get("prompt") is None:
         inputs = local_inputs({**v, "command": command})
@@ -190,13 +191,13 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         path = v.get(key)
         if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")
-    # inputs that are read: a FIFO, socket or device would block forever or never end, so refuse before opening
-    named = [(k, v.get(k)) for k in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "model_config")]
-    named += [("ood_eval", p) for p in v.get("ood_eval") or []] + [("text", p) for p in v.get("text") or []]
-    for key, path in named:
-        kind = special_file(path) if isinstance(path, str) and path else None
-        if kind:
-            problems.append(f"--{key.replace('_', '-')} {shorten(path)} is {kind}, not a regular file: pass a file")
+    # inputs that are read (every option the table marks as a path): a FIFO, socket or device would block forever or
+    # never end, so refuse before opening
+    for o in input_options(command):
+        for path in entries(v.get(o.name)) if o.input == PATH else []:
+            kind = special_file(path)
+            if kind:
+                problems.append(f"{o.cli_flag} {shorten(path)} is {kind}, not a regular file: pass a file")
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
         if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
             problems.append(f"text file not found: {shorten(path)}")
