@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posttrainllm.config.inputs import output_file_problems
 from posttrainllm.errors import DataError, UsageError
 
 if TYPE_CHECKING:
@@ -138,6 +139,40 @@ def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: f
     return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def write_output(path: str, text: str, *, overwrite: bool) -> None:
+    """Write `text` to `path` whole or not at all: into a temporary file beside it, then renamed over it. Without
+    `overwrite`, a file that appeared there meanwhile is kept and the run stops (exit 2)."""
+    import os
+    import tempfile
+
+    target = Path(path).expanduser()
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=".tmp", dir=target.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, (target.stat().st_mode & 0o7777) if target.is_file() else 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, target)
+            return
+        try:
+            os.link(tmp, target)  # fails if the name exists: nothing of the user's is replaced
+        except FileExistsError:
+            raise UsageError(
+                f"--output {path} appeared while generating: kept as it is; pass --overwrite to replace it"
+            ) from None
+        except OSError:  # a filesystem without hard links
+            if os.path.lexists(target):
+                raise UsageError(f"--output {path} appeared while generating: kept as it is") from None
+            os.replace(tmp, target)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
 def run(cfg: RunConfig, echo=print) -> None:
     """posttrainllm generate: one --prompt to stdout, or --prompts FILE to JSON Lines (stdout or --output)."""
     from transformers import set_seed
@@ -148,6 +183,10 @@ def run(cfg: RunConfig, echo=print) -> None:
     quiet_progress_bars()
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
     model_path, _ = models.resolve_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    if cfg.output:  # a hub id or GGUF file resolves to a cached directory: never write into the model being used
+        problems = output_file_problems("--output", cfg.output, cfg.overwrite, [(f"--model {cfg.model}", model_path)])
+        if problems:
+            raise UsageError(problems[0])
     tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto")
@@ -177,7 +216,7 @@ def run(cfg: RunConfig, echo=print) -> None:
             lines.append(json.dumps({"prompt": prompt, "completion": completion}, ensure_ascii=False))
     if cfg.prompt is None:
         if cfg.output:
-            Path(cfg.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+            write_output(cfg.output, "\n".join(lines) + "\n", overwrite=cfg.overwrite)
             echo(f"{len(lines)} completions written to {cfg.output}")
         else:
             for line in lines:

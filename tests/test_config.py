@@ -86,3 +86,19 @@ def test_the_enum_case_of_the_old_converter_had_one_branch():
         A = "a"
 
     assert convert("a", Kind) == "a" and convert(Kind.A, Kind) == "a"
+
+
+def test_every_help_that_lists_model_sources_names_gguf_files():
+    """--model (of every command), --ref-model, --teacher and --reference accept a .gguf file: their help says so."""
+    every = (*EXTRA_OPTIONS.values(), *OPTIONS)
+    listing = [o for o in every if "hub id" in o.help.lower() and "model" in o.help.lower()]
+    assert {o.name for o in listing} >= {"model", "ref_model", "teacher", "reference"}
+    for o in listing:
+        assert "gguf" in o.help.lower(), (o.name, o.commands, o.help)
+    from typer.testing import CliRunner
+
+    from posttrainllm.cli import app
+
+    for command in ("sft", "eval", "generate", "distill"):
+        r = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        assert r.exit_code == 0 and "GGUF file" in " ".join(r.output.split()), (command, r.output)

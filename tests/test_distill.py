@@ -106,3 +106,80 @@ def test_the_teacher_is_in_no_optimizer_group(tiny_model_dir, teacher_dir, promp
         eval_ds=None, precision="fp32", plan=plan_param_groups(cfg, model), teacher_model=teacher,
     )  # fmt: skip
     check_optimizer_groups(trainer.create_optimizer(), model, 1e-5, 0.5, not_in=[teacher])
+
+
+def _teacher_with_tokenizer(teacher_dir, tmp_path, change):
+    """A copy of the teacher (same config, so the same vocabulary size) whose tokenizer.json is changed."""
+    import shutil
+
+    d = tmp_path / "teacher"
+    shutil.copytree(teacher_dir, d)
+    tokenizer = json.loads((d / "tokenizer.json").read_text())
+    change(tokenizer)
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return d
+
+
+def _swap_two_ids(tokenizer):
+    vocab = tokenizer["model"]["vocab"]
+    a, b = list(vocab)[120:122]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+
+
+def _other_text_tokenizer(tokenizer):
+    from conftest import build_tokenizer
+
+    other = json.loads(build_tokenizer(["zzz yyy xxx www vvv"] * 10, vocab_size=320).backend_tokenizer.to_str())
+    tokenizer.clear()
+    tokenizer.update(other)
+
+
+@pytest.mark.parametrize("change", [_swap_two_ids, _other_text_tokenizer], ids=["ids swapped", "other tokens"])
+def test_a_teacher_of_the_same_vocabulary_size_but_other_tokens_exits_2_before_a_model_loads(
+    change, tiny_model_dir, teacher_dir, prompts_file, tmp_path, monkeypatch
+):
+    from posttrainllm import models
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the vocabularies were compared")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    teacher = _teacher_with_tokenizer(teacher_dir, tmp_path, change)
+    assert models.vocab_size(str(teacher)) == models.vocab_size(str(tiny_model_dir))
+    r = runner.invoke(app, _args(tiny_model_dir, teacher, prompts_file, tmp_path / "o", "--dry-run"))
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert "does not share the vocabulary of --model" in text and "in --model's vocabulary" in text, r.output
+    assert "pick a teacher of the same tokenizer family" in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_vocabulary_difference_names_a_token_and_counts_the_rest(tiny_model_dir, teacher_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from posttrainllm.vocab import vocabulary_difference
+
+    student = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert vocabulary_difference(student, AutoTokenizer.from_pretrained(teacher_dir)) is None
+    swapped = AutoTokenizer.from_pretrained(_teacher_with_tokenizer(teacher_dir, tmp_path, _swap_two_ids))
+    a, b = list(json.loads((teacher_dir / "tokenizer.json").read_text())["model"]["vocab"])[120:122]
+    vocab = student.get_vocab()
+    said = vocabulary_difference(student, swapped)
+    assert said == (
+        f"token {a!r} is id {vocab[a]} in --model's vocabulary and {vocab[b]} in --teacher's (and 1 more tokens differ)"
+    )
+
+
+def test_a_teacher_without_a_tokenizer_is_compared_by_size_with_a_note(
+    tiny_model_dir, teacher_dir, prompts_file, tmp_path
+):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (teacher_dir / name).exists():
+            shutil.copy(teacher_dir / name, bare / name)
+    r = runner.invoke(app, _args(tiny_model_dir, bare, prompts_file, tmp_path / "o", "--dry-run"))
+    assert r.exit_code == 0, r.output
+    assert "has no tokenizer of its own: only its vocabulary size was compared" in " ".join(r.output.split())

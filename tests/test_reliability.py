@@ -123,6 +123,7 @@ def test_resume_with_other_lr_is_refused(tmp_path):
 def test_resume_without_complete_checkpoint_is_refused(tmp_path):
     out = tmp_path / "o"
     (out / "checkpoint-8").mkdir(parents=True)
+    (out / "run_config.json").write_text(json.dumps({"command": "sft"}))  # a run of posttrainllm's
     r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", str(out), "--resume"])
     assert r.exit_code == 2 and "no complete checkpoint" in r.output and "checkpoint-8" in r.output
 
@@ -137,6 +138,7 @@ def test_a_symlinked_checkpoint_is_reported_as_skipped_with_why(tmp_path):
     layout.write_json(good / layout.MARKER, {"files": {"model.safetensors": 10}})
     shutil.copytree(good, elsewhere)
     (out / "checkpoint-9").symlink_to(elsewhere, target_is_directory=True)
+    (out / "run_config.json").write_text(json.dumps({"command": "sft"}))  # a run of posttrainllm's
     found, skipped = checkpoints.resume_checkpoint(out)
     assert found == good
     assert [(d.name, why.split(";")[0]) for d, why in skipped] == [("checkpoint-9", f"a symbolic link to {elsewhere}")]

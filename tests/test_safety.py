@@ -798,7 +798,7 @@ def test_a_users_dot_final_tmp_is_not_taken_for_posttrainllms(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     (out / ".final-tmp").write_text("the user's")
-    (out / "run_config.json").write_text("{}")
+    (out / "run_config.json").write_text('{"command": "sft"}')  # a run of posttrainllm's (its record says so)
     assert outdir.foreign(out) == [".final-tmp"]
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.constants import DEFAULT_WINDOW
+from posttrainllm.vocab import PROBE as _TOKENIZER_PROBE
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -27,8 +28,6 @@ SPEC = CommandSpec(
     max_length=DEFAULT_WINDOW,
     checks=(_something_to_evaluate,),
 )
-
-_TOKENIZER_PROBE = "The quick brown fox, 1234 times.\ndef f(x):\n    return {'a': x}  # ünïcode"
 
 
 def _eval_reference(cfg: RunConfig, tokenizer):

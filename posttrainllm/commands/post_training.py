@@ -31,12 +31,11 @@ def setup(ctx: Context) -> Setup:
     cfg, spec = ctx.cfg, ctx.spec
     rewards = _rewards(cfg, spec)  # the user's reward code is imported first: a bad --reward-fn stops before any model
     model_path, source, ref_path, ref_source = _resolve_models(cfg, spec)
-    if spec.reference == "teacher":
-        _check_same_vocabulary(cfg, model_path, ref_path)
+    vocab_notes = _check_same_vocabulary(cfg, model_path, ref_path) if spec.reference == "teacher" else []
     names = weights.check_config(model_path, allow_new_weights=cfg.allow_new_weights)  # before anything heavy
     check_something_trains(cfg, names)
     model_args = models.check_model_args(model_path, cfg.model_args, cfg.trust_remote_code)
-    notes: list[str] = models.precision_notes(ctx.precision)
+    notes: list[str] = models.precision_notes(ctx.precision) + vocab_notes
     if source and (low := gguf_note(source)):
         notes.append(low)
     tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code, need_eos=spec.needs_eos, notes=notes)
@@ -140,18 +139,32 @@ def _resolve_models(cfg: RunConfig, spec: CommandSpec):
     return model_path, source, ref_path, ref_source
 
 
-def _check_same_vocabulary(cfg: RunConfig, model_path: str, teacher_path: str) -> None:
-    """distill compares the teacher's full next-token distribution with the student's: the same vocabulary size, or
-    a UsageError before either model loads (read from the configs)."""
+def _check_same_vocabulary(cfg: RunConfig, model_path: str, teacher_path: str) -> list[str]:
+    """distill compares the teacher's full next-token distribution with the student's, id by id: the same vocabulary
+    size (read from the configs) and the same vocabulary (the same tokens under the same ids, and one sample text
+    tokenized alike: posttrainllm/vocab.py, as `eval --reference` requires), or a UsageError before either model
+    loads. A teacher without a tokenizer of its own is compared by size only; the note returned says so."""
     from posttrainllm import models
+    from posttrainllm.errors import ModelError
+    from posttrainllm.vocab import vocabulary_difference
 
     student, teacher = (models.vocab_size(p, cfg.trust_remote_code) for p in (model_path, teacher_path))
+    fix = "distillation compares the next-token distributions id by id, so pick a teacher of the same tokenizer family"
     if student and teacher and student != teacher:
         raise UsageError(
-            f"--teacher {cfg.teacher} has a vocabulary of {teacher} tokens, --model {cfg.model} of {student}: "
-            "distillation compares their next-token distributions token by token, so pick a teacher of the same "
-            "tokenizer family"
+            f"--teacher {cfg.teacher} has a vocabulary of {teacher} tokens, --model {cfg.model} of {student}: {fix}"
         )
+    student_tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
+    try:
+        teacher_tokenizer = models.load_tokenizer(teacher_path, cfg.trust_remote_code)
+    except ModelError:
+        return [f"--teacher {cfg.teacher} has no tokenizer of its own: only its vocabulary size was compared"]
+    problem = vocabulary_difference(student_tokenizer, teacher_tokenizer, "--model", "--teacher")
+    if problem:
+        raise UsageError(
+            f"--teacher {cfg.teacher} does not share the vocabulary of --model {cfg.model}: {problem}; {fix}"
+        )
+    return []
 
 
 def _teacher(cfg: RunConfig, teacher_path, precision):

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+PATH, CODE = "path", "code"  # the kinds of Opt.input
+
 
 @dataclass(frozen=True, kw_only=True)
 class Opt:
@@ -31,6 +33,10 @@ class Opt:
     split: bool = False  # list options: one value may also hold several entries separated by commas ("a,b")
     key: str | None = None  # recipe key and flag name when they differ from the internal name
     deprecated: tuple[str, ...] = ()  # older names still read (as a recipe key and as --name-with-dashes), never shown
+    # what the run reads through this option: PATH (a file or directory: a model, data, a config; or a hub id) or
+    # CODE (module:function or path/to/file.py:function). Inputs are never inside an output the run replaces, and a
+    # resume compares them by content (posttrainllm/config/inputs.py).
+    input: str | None = None
 
     @property
     def item_type(self) -> builtins.type:

@@ -5,7 +5,7 @@ the option table of docs/options.md (tests/test_config.py checks it). Imports no
 
 from __future__ import annotations
 
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.panels.eval import EVAL
 from posttrainllm.config.panels.everywhere import EVERYWHERE
 from posttrainllm.config.panels.forgetting import FORGETTING
@@ -28,11 +28,12 @@ EVAL_MODEL = Opt(
     name="model",
     type=str,
     default=None,
-    help="Model to evaluate: a local directory or hub id.",
+    help="Model to evaluate: a local directory, GGUF file or hub id.",
     commands=("eval",),
     metavar="PATH_OR_HUB_ID",
     required=True,
     panel="Inputs",
+    input=PATH,
 )
 
 DEMO_OUTPUT = Opt(
@@ -48,11 +49,12 @@ GENERATE_MODEL = Opt(
     name="model",
     type=str,
     default=None,
-    help="Model to generate with: a local directory or hub id.",
+    help="Model to generate with: a local directory, GGUF file or hub id.",
     commands=("generate",),
     metavar="PATH_OR_HUB_ID",
     required=True,
     panel="Inputs",
+    input=PATH,
 )
 EXTRA_OPTIONS = {"eval": EVAL_MODEL, "demo": DEMO_OUTPUT, "generate": GENERATE_MODEL}
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from posttrainllm.commands.registry import spec_of
 from posttrainllm.config.coerce import option_value, quote
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.inputs import entries, input_options, local_inputs, output_file_problems
+from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.options import RECIPE_KEYS, options_for
 from posttrainllm.config.per_command import default_of
 from posttrainllm.config.recipe import load_recipe
@@ -143,6 +144,9 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
     for check in spec_of(command).checks:  # the command's own cross-checks (its spec)
         problems += check(command, v)
+    if command == "generate" and v.get("output") and v.get("prompt") is None:  # needs the option table's inputs
+        inputs = local_inputs({**v, "command": command})
+        problems += output_file_problems("--output", v["output"], bool(v.get("overwrite")), inputs)
     for key in (
         "dataset",
         "eval_dataset",
@@ -156,13 +160,13 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         path = v.get(key)
         if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")
-    # inputs that are read: a FIFO, socket or device would block forever or never end, so refuse before opening
-    named = [(k, v.get(k)) for k in ("dataset", "eval_dataset", "replay_dataset", "sft_dataset", "model_config")]
-    named += [("ood_eval", p) for p in v.get("ood_eval") or []] + [("text", p) for p in v.get("text") or []]
-    for key, path in named:
-        kind = special_file(path) if isinstance(path, str) and path else None
-        if kind:
-            problems.append(f"--{key.replace('_', '-')} {shorten(path)} is {kind}, not a regular file: pass a file")
+    # inputs that are read (every option the table marks as a path): a FIFO, socket or device would block forever or
+    # never end, so refuse before opening
+    for o in input_options(command):
+        for path in entries(v.get(o.name)) if o.input == PATH else []:
+            kind = special_file(path)
+            if kind:
+                problems.append(f"{o.cli_flag} {shorten(path)} is {kind}, not a regular file: pass a file")
     for path in list(v.get("ood_eval") or []) + list(v.get("text") or []):
         if not special_file(path) and not os.path.isfile(os.path.expanduser(path)):
             problems.append(f"text file not found: {shorten(path)}")

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from posttrainllm.config.checks import TRAINING
+from posttrainllm.config.inputs import inside, local_inputs
 from posttrainllm.errors import UsageError, shorten
 from posttrainllm.rundir import checkpoints
 from posttrainllm.rundir.layout import (
@@ -40,6 +42,7 @@ from posttrainllm.rundir.layout import (
     MANIFEST,
     MARKER,
     OWN_RECORDS,
+    RUN_CONFIG,
     SELF_REPLAY,
     SELF_REPLAY_SETTINGS,
     finished_run,
@@ -56,8 +59,7 @@ SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
 # what a run writes before its first training step: a directory holding only these is not a finished run
 PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer", SELF_REPLAY, SELF_REPLAY_SETTINGS})
-# inputs that --overwrite must not be asked to replace
-INPUT_KEYS = ("model", "ref_model", "dataset", "eval_dataset", "replay_dataset", "model_config")
+_RECORD_LIMIT = 16 << 20  # a run_config.json is a few kB: a bigger one is read no further than this
 
 
 def _note(text: str) -> None:
@@ -71,11 +73,35 @@ def entries(out: Path) -> list[str]:
     return sorted(e.name for e in out.iterdir()) if out.is_dir() else []
 
 
-def _is_ours(out: Path, name: str, listed: set[str]) -> bool:
+def made_by_posttrainllm(out: Path) -> bool:
+    """Whether the run in `out` is posttrainllm's: its hidden folder holds a manifest or moved-aside contents, or a
+    run_config.json it wrote is there (a JSON object naming a training command). A directory another tool filled
+    (transformers' `checkpoint-N/` and `trainer_state.json`, with neither) is the user's: nothing in it is taken for
+    posttrainllm's, not even with an empty `.posttrainllm/` beside it."""
+    hidden = out / HIDDEN
+    if not hidden.is_symlink() and ((hidden / MANIFEST).is_file() or slots(out)):
+        return True
+    record = out / RUN_CONFIG
+    if record.is_symlink() or not record.is_file():
+        return False
+    try:
+        with open(record, "rb") as f:
+            saved = json.loads(f.read(_RECORD_LIMIT + 1)[:_RECORD_LIMIT] or b"null")
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and saved.get("command") in TRAINING
+
+
+def _is_ours(out: Path, name: str, listed: set[str], run: bool = True) -> bool:
+    """Whether top-level entry `name` is posttrainllm's; `run`: the directory holds a posttrainllm run at all."""
     p = out / name
     if p.is_symlink():
         return False
-    if name == HIDDEN or name in OWN_RECORDS or name in listed:
+    if name == HIDDEN or name in listed:
+        return True
+    if not run:
+        return False
+    if name in OWN_RECORDS:
         return True
     if name.endswith(".tmp") and (name[:-4] in OWN_RECORDS or name[:-4] in listed):
         return True  # a record whose atomic write was cut short
@@ -84,17 +110,25 @@ def _is_ours(out: Path, name: str, listed: set[str]) -> bool:
 
 def foreign(out: Path) -> list[str]:
     """Top-level entries of `out` that posttrainllm did not write."""
-    listed = manifest(out)
-    return [n for n in entries(out) if not _is_ours(out, n, listed)]
+    listed, run = manifest(out), made_by_posttrainllm(out)
+    return [n for n in entries(out) if not _is_ours(out, n, listed, run)]
+
+
+def another_tools_run(out: Path) -> list[str]:
+    """The checkpoints and trainer records of a run posttrainllm did not make (empty when `out` holds none, or holds
+    posttrainllm's run)."""
+    if made_by_posttrainllm(out):
+        return []
+    return [n for n in entries(out) if (CKPT_DIR.match(n) and (out / n).is_dir()) or n in OWN_RECORDS]
 
 
 def only_pre_training_records(out: Path) -> bool:
     """True when `out` holds nothing but what a run writes before its first step (a failed start or a dry run)."""
     if slots(out):
         return False
-    listed = manifest(out)
+    listed, run = manifest(out), made_by_posttrainllm(out)
     names = [n for n in entries(out) if n != HIDDEN]
-    return all(n.removesuffix(".tmp") in PRE_TRAINING and _is_ours(out, n, listed) for n in names)
+    return all(n.removesuffix(".tmp") in PRE_TRAINING and _is_ours(out, n, listed, run) for n in names)
 
 
 def has_results(out: Path) -> bool:
@@ -116,24 +150,47 @@ def slots(out: Path) -> list[Path]:
     return [d for _, d in sorted(found)]
 
 
-def _inside(path: str, out: Path) -> bool:
-    try:
-        p, o = os.path.realpath(os.path.expanduser(path)), os.path.realpath(out)
-    except (OSError, ValueError):
-        return False
-    return p == o or p.startswith(o.rstrip(os.sep) + os.sep)
-
-
-def _inputs_inside(cfg: RunConfig, out: Path) -> list[str]:
+def _inputs_inside(cfg: RunConfig, out: Path, *, only_ours: bool = False) -> list[str]:
+    """The run's inputs (every option the table marks as one: models, data, reward code, the recipe, ...) that are
+    the output directory or lie inside it; with only_ours, those that are it or lie inside an entry of posttrainllm's
+    (what a resumed run may rewrite or remove: checkpoints, the final model's files, records)."""
     found = []
-    for key in INPUT_KEYS:
-        value = getattr(cfg, key, None)
-        if isinstance(value, str) and value and os.path.exists(os.path.expanduser(value)) and _inside(value, out):
-            found.append(f"--{key.replace('_', '-')} {shorten(value)}")
-    for path in getattr(cfg, "ood_eval", None) or []:
-        if os.path.exists(os.path.expanduser(path)) and _inside(path, out):
-            found.append(f"--ood-eval {shorten(path)}")
+    real = os.path.realpath(out)
+    listed, run = manifest(out), made_by_posttrainllm(out)
+    for label, path in local_inputs(cfg):
+        if not inside(path, str(out)):
+            continue
+        rel = os.path.relpath(os.path.realpath(path), real)
+        top = rel.split(os.sep)[0]
+        if not only_ours or rel == os.curdir or _is_ours(out, top, listed, run):
+            found.append(shorten(label, 120))
     return found
+
+
+def _refuse_inputs_inside(cfg, out: Path, *, only_ours: bool = False) -> None:
+    found = _inputs_inside(cfg, out, only_ours=only_ours)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        how = "this run would rewrite"
+        if cfg.overwrite or cfg.resume:
+            how = "--overwrite would replace" if cfg.overwrite else "--resume would rewrite"
+        raise UsageError(
+            f"{found[0]}{more} is inside --output-dir {cfg.output_dir}: {how} what this run reads; choose another "
+            "--output-dir (or copy the input elsewhere first)"
+        )
+
+
+def _refuse_another_tools_run(out: Path, label: str) -> None:
+    theirs = another_tools_run(out)
+    if not theirs:
+        return
+    ckpts = sorted((n for n in theirs if CKPT_DIR.match(n)), key=lambda n: int(CKPT_DIR.match(n).group(1)))
+    start = f", or start from it with --model {shorten(str(Path(label) / ckpts[-1]), 120)}" if ckpts else ""
+    raise UsageError(
+        f"--output-dir {label} holds a run posttrainllm did not make ({', '.join(shorten(n, 40) for n in theirs[:4])}"
+        f"{', ...' if len(theirs) > 4 else ''}; none of posttrainllm's records): it is neither "
+        f"resumed nor replaced; choose another --output-dir{start}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------- lock
@@ -341,9 +398,11 @@ def _check(cfg: RunConfig, out: Path) -> bool:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output-dir {label} is a file")
     names = entries(out)
+    _refuse_another_tools_run(out, label)
     if cfg.resume:
         if not names:
             raise UsageError(f"--resume: {label} has no checkpoints to resume from")
+        _refuse_inputs_inside(cfg, out, only_ours=True)
         if finished_run(out) and not checkpoints.asks_for_more(out, cfg.to_dict()):
             return False  # finished, and nothing asks for more: leave it exactly as it is
         checkpoints.check_resume_config(out, cfg.to_dict(), cfg.allow_config_change)
@@ -352,12 +411,7 @@ def _check(cfg: RunConfig, out: Path) -> bool:
     if not names:
         return True
     if cfg.overwrite:
-        inside = _inputs_inside(cfg, out)
-        if inside:
-            raise UsageError(
-                f"{inside[0]} is inside --output-dir {label}: --overwrite would replace "
-                "what this run reads; choose another --output-dir"
-            )
+        _refuse_inputs_inside(cfg, out)
         strangers = foreign(out)
         if strangers:
             more = f" (and {len(strangers) - 1} more)" if len(strangers) > 1 else ""
@@ -367,6 +421,7 @@ def _check(cfg: RunConfig, out: Path) -> bool:
                 "replaces a previous run's own files: move it elsewhere or choose another --output-dir"
             )
         return True
+    _refuse_inputs_inside(cfg, out, only_ours=True)
     if only_pre_training_records(out):
         return True  # a failed start or a dry run left only its records: not a finished run
     strangers = foreign(out)

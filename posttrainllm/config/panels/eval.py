@@ -5,7 +5,7 @@ from __future__ import annotations
 from posttrainllm.config.checks import (
     positive_int,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 EVAL: tuple[Opt, ...] = (
     Opt(
@@ -16,6 +16,7 @@ EVAL: tuple[Opt, ...] = (
         commands=("eval",),
         metavar="FILE",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="reference",
@@ -26,6 +27,7 @@ EVAL: tuple[Opt, ...] = (
         commands=("eval",),
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="sft_dataset",
@@ -35,6 +37,7 @@ EVAL: tuple[Opt, ...] = (
         commands=("eval",),
         metavar="FILE",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="json",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import ALL_COMMANDS, TRAINING
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 EVERYWHERE: tuple[Opt, ...] = (
     Opt(
@@ -25,5 +25,6 @@ EVERYWHERE: tuple[Opt, ...] = (
         commands=ALL_COMMANDS,
         panel="Run",
         recipe=False,
+        input=PATH,
     ),
 )

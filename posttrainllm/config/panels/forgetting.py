@@ -8,7 +8,7 @@ from posttrainllm.config.checks import (
     non_negative_int,
     positive_int,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 FORGETTING: tuple[Opt, ...] = (
     Opt(
@@ -19,6 +19,7 @@ FORGETTING: tuple[Opt, ...] = (
         commands=LANGUAGE_MODELS,
         metavar="FILE",
         panel="Forgetting",
+        input=PATH,
     ),
     Opt(
         name="train_on_prompt",
@@ -37,6 +38,7 @@ FORGETTING: tuple[Opt, ...] = (
         commands=("sft", "finetune"),
         metavar="FILE",
         panel="Forgetting",
+        input=PATH,
     ),
     Opt(
         name="replay_ratio",

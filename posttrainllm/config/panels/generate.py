@@ -9,7 +9,7 @@ from posttrainllm.config.checks import (
     positive_int,
     unit_interval,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.per_command import defaults_help
 
 GENERATE: tuple[Opt, ...] = (
@@ -30,6 +30,7 @@ GENERATE: tuple[Opt, ...] = (
         commands=("generate",),
         metavar="FILE",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="system",

@@ -9,18 +9,20 @@ from posttrainllm.config.checks import (
     fraction_below_one,
     positive_int,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 
 INPUTS: tuple[Opt, ...] = (
     Opt(
         name="model",
         type=str,
         default=None,
-        help="Model to start from: a local directory or a Hugging Face hub id.",
+        help="Model to start from: a local directory, a GGUF file (.gguf, converted once and cached) or a Hugging Face "
+        "hub id.",
         commands=POST_TRAINING,
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="dataset",
@@ -31,6 +33,7 @@ INPUTS: tuple[Opt, ...] = (
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="output_dir",
@@ -50,6 +53,7 @@ INPUTS: tuple[Opt, ...] = (
         commands=TRAINING,
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="eval_split",
@@ -95,10 +99,11 @@ INPUTS: tuple[Opt, ...] = (
         name="ref_model",
         type=str,
         default=None,
-        help="DPO / KTO reference model (default: a frozen copy of --model).",
+        help="DPO / KTO reference model: a local directory, GGUF file or hub id (default: a frozen copy of --model).",
         commands=("dpo", "kto"),
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="teacher",
@@ -109,6 +114,7 @@ INPUTS: tuple[Opt, ...] = (
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="model_config",
@@ -118,6 +124,7 @@ INPUTS: tuple[Opt, ...] = (
         commands=("pretrain",),
         metavar="PRESET_OR_PATH",
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="vocab_size",

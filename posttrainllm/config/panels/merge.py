@@ -11,7 +11,7 @@ from posttrainllm.config.checks import (
     positive_int,
     unit_interval,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
 
 MERGE_SCHEDULES = ("geometric", "linear", "uniform")
@@ -28,6 +28,7 @@ MERGE: tuple[Opt, ...] = (
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="model",
@@ -39,6 +40,7 @@ MERGE: tuple[Opt, ...] = (
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
+        input=PATH,
     ),
     Opt(
         name="output_dir",
@@ -140,6 +142,7 @@ MERGE: tuple[Opt, ...] = (
         commands=_CMD,
         metavar="FILE",
         panel="Evaluation",
+        input=PATH,
     ),
     Opt(
         name="ood_eval",
@@ -149,6 +152,7 @@ MERGE: tuple[Opt, ...] = (
         commands=_CMD,
         metavar="FILE",
         panel="Evaluation",
+        input=PATH,
     ),
     Opt(
         name="max_length",

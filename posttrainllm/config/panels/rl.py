@@ -12,7 +12,7 @@ from posttrainllm.config.checks import (
     regex,
     reward_fn_spec,
 )
-from posttrainllm.config.opt import Opt
+from posttrainllm.config.opt import CODE, Opt
 
 ONLINE: tuple[Opt, ...] = (
     Opt(
@@ -58,6 +58,7 @@ ONLINE: tuple[Opt, ...] = (
         check=reward_fn_spec,
         metavar="SPEC",
         panel="Rewards",
+        input=CODE,
     ),
     Opt(
         name="reward_weights",

@@ -61,8 +61,9 @@ RUN_CONTROL: tuple[Opt, ...] = (
         name="overwrite",
         type=bool,
         default=False,
-        help="Allow writing into a non-empty output directory.",
-        commands=TRAINING + ("demo",),
+        help="Replace what is there: a non-empty --output-dir (its previous run is removed only once the new one is "
+        "complete), or generate's existing --output file.",
+        commands=TRAINING + ("demo", "generate"),
         panel="Run",
     ),
     Opt(
