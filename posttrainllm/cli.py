@@ -19,6 +19,7 @@ from posttrainllm import __version__
 from posttrainllm.commands.registry import SPECS
 from posttrainllm.config import Opt, options_for, resolve
 from posttrainllm.config.argv import with_bare_values
+from posttrainllm.config.per_command import full_help
 from posttrainllm.errors import PosttrainError
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ app = typer.Typer(
 
 def _typer_param(o: Opt) -> inspect.Parameter:
     """An inspect.Parameter carrying the Typer option for one table entry (values arrive raw; config validates)."""
-    help_text = o.help + (" [required]" if o.required else "")
+    help_text = full_help(o) + (" [required]" if o.required else "")
     ann: Any
     if o.type is bool:
         ann = Annotated[

@@ -80,9 +80,10 @@ def test_the_lr_help_lists_every_default_lr_of_the_specs():
     """The help's default LRs are written from the specs (distill's 1e-5 was once left out of a hand-written list)."""
     from posttrainllm.commands.registry import SPECS
     from posttrainllm.config.options import OPTIONS
+    from posttrainllm.config.per_command import full_help
 
     lr = next(o for o in OPTIONS if o.name == "lr")
-    listed = lr.help.split("Default: ", 1)[1].rstrip(".").split(", ")
+    listed = full_help(lr).split("Default: ", 1)[1].rstrip(".").split(", ")
     by_command = {c: value for value, commands in (x.split(" ") for x in listed) for c in commands.split("/")}
     assert {c: float(v) for c, v in by_command.items()} == {n: s.lr for n, s in SPECS.items() if s.lr is not None}
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrainllm.config.opt import CODE, Opt
 from posttrainllm.config.options import options_for
 from posttrainllm.errors import shorten
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 
 def input_options(command: str) -> list[Opt]:
@@ -65,11 +68,11 @@ def local_path(opt: Opt, entry: str) -> str | None:
         return None
 
 
-def local_inputs(cfg, command: str | None = None) -> list[tuple[str, str]]:
+def local_inputs(values: RunConfig | dict, command: str | None = None) -> list[tuple[str, str]]:
     """(label, path) for every local file or directory the run reads: the label is the flag and the value as given
-    (`--teacher runs/prev`), the path what it reads on disk. `cfg`: a RunConfig, or a mapping of option values."""
+    (`--teacher runs/prev`), the path what it reads on disk. `values`: a RunConfig, or a mapping of option values."""
     found = []
-    get = cfg.get if isinstance(cfg, dict) else lambda name: getattr(cfg, name, None)
+    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name, None)
     for o in input_options(command or get("command")):
         for entry in entries(get(o.name)):
             path = local_path(o, entry)

@@ -37,6 +37,9 @@ class Opt:
     # CODE (module:function or path/to/file.py:function). Inputs are never inside an output the run replaces, and a
     # resume compares them by content (posttrainllm/config/inputs.py).
     input: str | None = None
+    # an option whose default depends on the command ("lr", "max_length", "beta", "temperature"): its help ends with
+    # the defaults the command specs give (config/per_command.full_help), written from the specs, never by hand
+    defaults_from: str | None = None
 
     @property
     def item_type(self) -> builtins.type:

@@ -57,3 +57,9 @@ def defaults_help(option: str) -> str:
     else:
         values = option_defaults(option)
     return f"Default: {listing(values)}."
+
+
+def full_help(opt) -> str:
+    """An option's help as shown (`--help`, docs/options.md): its text, then, for an option whose default depends
+    on the command (`Opt.defaults_from`), those defaults from the specs."""
+    return f"{opt.help} {defaults_help(opt.defaults_from)}" if opt.defaults_from else opt.help

@@ -167,7 +167,7 @@ def _inputs_inside(cfg: RunConfig, out: Path, *, only_ours: bool = False) -> lis
     return found
 
 
-def _refuse_inputs_inside(cfg, out: Path, *, only_ours: bool = False) -> None:
+def _refuse_inputs_inside(cfg: RunConfig, out: Path, *, only_ours: bool = False) -> None:
     found = _inputs_inside(cfg, out, only_ours=only_ours)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""

@@ -10,7 +10,6 @@ from posttrainllm.config.checks import (
     unit_interval,
 )
 from posttrainllm.config.opt import PATH, Opt
-from posttrainllm.config.per_command import defaults_help
 
 GENERATE: tuple[Opt, ...] = (
     Opt(
@@ -65,7 +64,8 @@ GENERATE: tuple[Opt, ...] = (
         type=float,
         default=None,
         help="Sampling temperature (0 = greedy; grpo, rloo and distill sample completions to learn from, and "
-        "distill also softens both distributions by it). " + defaults_help("temperature"),
+        "distill also softens both distributions by it).",
+        defaults_from="temperature",
         commands=("generate",) + SAMPLING,
         check=non_negative,
         metavar="T",

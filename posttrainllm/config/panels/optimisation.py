@@ -20,14 +20,14 @@ from posttrainllm.config.checks import (
     steps,
 )
 from posttrainllm.config.opt import Opt
-from posttrainllm.config.per_command import defaults_help
 
 OPTIMISATION: tuple[Opt, ...] = (
     Opt(
         name="lr",
         type=float,
         default=None,
-        help="Base learning rate (top block, head). " + defaults_help("lr"),
+        help="Base learning rate (top block, head).",
+        defaults_from="lr",
         commands=TRAINING,
         check=positive,
         metavar="FLOAT",
@@ -108,7 +108,8 @@ OPTIMISATION: tuple[Opt, ...] = (
         name="max_length",
         type=int,
         default=None,
-        help="Maximum sequence length in tokens. " + defaults_help("max_length"),
+        help="Maximum sequence length in tokens.",
+        defaults_from="max_length",
         commands=OFFLINE_DATA + ("eval",),
         check=positive_int,
         metavar="N",
@@ -127,8 +128,8 @@ OPTIMISATION: tuple[Opt, ...] = (
         type=float,
         default=None,
         help="β, the strength of the KL penalty to the reference model (0: no reference model is kept; the defaults "
-        "are TRL's). distill: the divergence, from 0 (forward KL) through 0.5 (JSD) to 1 (reverse KL). "
-        + defaults_help("beta"),
+        "are TRL's). distill: the divergence, from 0 (forward KL) through 0.5 (JSD) to 1 (reverse KL).",
+        defaults_from="beta",
         commands=("dpo", "kto") + ONLINE_RL + ("distill",),
         check=non_negative,
         metavar="FLOAT",
