@@ -9,8 +9,8 @@ from posttrainllm.config.checks import (
     at_least_two,
     non_negative,
     positive_int,
-    regex,
     reward_fn_spec,
+    reward_pattern,
 )
 from posttrainllm.config.opt import Opt
 
@@ -19,10 +19,10 @@ ONLINE: tuple[Opt, ...] = (
         "reward_regex",
         list,
         None,
-        "Reward 1 when the completion matches this regular expression (re.search; anchor with ^...$ for a "
+        "Reward 1 when the completion matches this regular expression (a search; anchor with ^...$ for a "
         "whole-format check), else 0. Repeatable.",
         ONLINE_RL,
-        regex,
+        reward_pattern,
         "REGEX",
         panel="Rewards",
     ),
@@ -43,7 +43,7 @@ ONLINE: tuple[Opt, ...] = (
         "With --reward-match: the answer is the last match of this regex in the completion (its first group if it "
         "has one; default: the whole completion).",
         ONLINE_RL,
-        regex,
+        reward_pattern,
         "REGEX",
         panel="Rewards",
     ),
