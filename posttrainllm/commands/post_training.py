@@ -7,7 +7,10 @@ from __future__ import annotations
 import copy
 
 from posttrainllm import banner
-from posttrainllm.config.checks import ONLINE_RL  # the commands that sample completions and score them with rewards
+from posttrainllm.config.checks import (  # ONLINE_RL: sample completions and score them; SAMPLING: and distill
+    ONLINE_RL,
+    SAMPLING,
+)
 from posttrainllm.errors import UsageError
 from posttrainllm.lifecycle import Context, Setup, device_name
 from posttrainllm.planning import (
@@ -23,7 +26,7 @@ PREFERENCE = ("dpo", "kto")  # the commands with a reference model we load
 
 def setup(ctx: Context) -> Setup:
     from posttrainllm import models, weights
-    from posttrainllm.data import check_reward_columns, label_note, pipeline
+    from posttrainllm.data import check_prompt_lengths, check_reward_columns, label_note, pipeline
 
     cfg = ctx.cfg
     rewards = _rewards(cfg)  # the user's reward code is imported first: a bad --reward-fn stops before any model
@@ -39,13 +42,18 @@ def setup(ctx: Context) -> Setup:
     tokenizer = models.load_tokenizer(
         model_path, cfg.trust_remote_code, need_eos=cfg.command != "finetune", notes=notes
     )
-    cfg, clamped = clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
+    positions = models.max_positions(model_path, cfg.trust_remote_code)
+    cfg, clamped = clamp_max_length(cfg, positions)
     notes += clamped
     if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
     prepared = pipeline.prepare(cfg, tokenizer)
     if cfg.command in ONLINE_RL:
         check_reward_columns(prepared, cfg.reward_match)
+    if cfg.command in SAMPLING:
+        check_prompt_lengths(
+            prepared, tokenizer, _sampling_positions(cfg, positions, ref_path), cfg.max_completion_length
+        )
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args,
         fine_tune=True, allow_new_weights=cfg.allow_new_weights, notes=notes, reward_head=cfg.command == "reward",
@@ -77,6 +85,16 @@ def setup(ctx: Context) -> Setup:
         cfg, model, tokenizer, prepared, plan, info, notes, resolved, ref_model, model_path, reward_funcs=rewards,
         teacher=teacher,
     )  # fmt: skip
+
+
+def _sampling_positions(cfg, positions: int | None, ref_path: str | None) -> int | None:
+    """The positions a sampled prompt and completion must fit: the model's, and distill's teacher's (it reads them
+    too); None when no config says."""
+    from posttrainllm import models
+
+    teacher = models.max_positions(ref_path, cfg.trust_remote_code) if ref_path else None
+    limits = [p for p in (positions, teacher) if p]
+    return min(limits) if limits else None
 
 
 def _rewards(cfg):

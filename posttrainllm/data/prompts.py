@@ -184,3 +184,42 @@ def check_reward_columns(prepared: PreparedData, column: str | None) -> None:
         if ds is not None and column not in ds.column_names:
             found = ", ".join(c for c in ds.column_names if c != "prompt") or "none besides the prompt"
             raise UsageError(f"--reward-match {column}: the {name} data has no column {column!r}; its columns: {found}")
+
+
+def _prompt_tokens(tokenizer, prompts: list, conversational: bool) -> list[int]:
+    """The token counts of prompts as TRL's samplers tokenize them: a chat template with the generation prompt, or
+    the tokenizer on the string."""
+    if conversational:
+        ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return [len(i) for i in ids["input_ids"]]
+    return [len(i) for i in tokenizer(text=prompts)["input_ids"]]
+
+
+def check_prompt_lengths(prepared: PreparedData, tokenizer, positions: int | None, completion: int) -> None:
+    """grpo / rloo / distill: each prompt and a completion of --max-completion-length tokens must fit the model's
+    positions (learned position embeddings fail past them): a UsageError with the count of prompts that do not fit,
+    before any model loads. Read in batches (memory follows the batch)."""
+    from ..errors import UsageError
+
+    if not positions:
+        return
+    if completion >= positions:
+        raise UsageError(
+            f"--max-completion-length {completion} leaves no room for a prompt in the model's {positions} positions; "
+            f"lower it (at most {positions - 1}, less the prompts' length)"
+        )
+    room = positions - completion
+    for name, ds in (("train", prepared.train), ("eval", prepared.eval)):
+        if ds is None:
+            continue
+        over, longest = 0, 0
+        for batch in ds.select_columns(["prompt"]).iter(batch_size=256):
+            lengths = _prompt_tokens(tokenizer, batch["prompt"], prepared.conversational)
+            over += sum(n > room for n in lengths)
+            longest = max([longest, *lengths])
+        if over:
+            raise UsageError(
+                f"{over} of {ds.num_rows} {name} prompts do not fit the model's context: {positions} positions hold "
+                f"at most {room} prompt tokens with --max-completion-length {completion} (the longest prompt has "
+                f"{longest} tokens); shorten or drop those prompts, or lower --max-completion-length"
+            )
