@@ -177,3 +177,37 @@ def test_finite_check_accepts_numpy_and_bool_values():
     assert reward(completions=["a", "b"]) == [1.0, 0.5]
     assert R.CheckedReward(lambda completions, **_: [True, False], "b")(completions=["a", "b"]) == [1.0, 0.0]
     assert not any(math.isnan(v) for v in reward(completions=["a", "b"]))
+
+
+# ------------------------------------------------------------------------------------------ reward code in recipes
+@pytest.fixture
+def evil_recipe(tmp_path):
+    marker = tmp_path / "ran.txt"
+    evil = _file(tmp_path, f"open({str(marker)!r}, 'w').write('ran')\ndef f(completions, **kw):\n    return [0.0]\n",
+                 name="evil.py")  # fmt: skip
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"reward_fn: ['{evil}:f']\nreward_regex: ['a']\n")
+    return recipe, marker
+
+
+def test_a_recipe_naming_reward_code_exits_2_without_importing_it(evil_recipe, tiny_model_dir, tmp_path):
+    recipe, marker = evil_recipe
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "p", "answer": "1"}] * 4)
+    base = ["grpo", "--recipe", str(recipe), "--model", str(tiny_model_dir), "--dataset", str(data)]
+    r = runner.invoke(app, [*base, "--output-dir", str(tmp_path / "o"), "--dry-run"])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "names Python code to run; a recipe's reward code runs only with --trust-reward-code" in text, text
+    assert not marker.exists()  # not imported, not even under --dry-run
+    recipe.write_text(recipe.read_text() + "trust_reward_code: true\n")  # a recipe cannot trust itself
+    r = runner.invoke(app, [*base, "--output-dir", str(tmp_path / "o"), "--dry-run"])
+    assert r.exit_code == 2 and "unknown key 'trust_reward_code'" in r.output and not marker.exists(), r.output
+
+
+def test_trust_reward_code_lets_the_recipe_s_reward_run(evil_recipe, tiny_model_dir, tmp_path):
+    recipe, marker = evil_recipe
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "p", "answer": "1"}] * 4)
+    args = ["grpo", "--recipe", str(recipe), "--model", str(tiny_model_dir), "--dataset", str(data)]
+    r = runner.invoke(app, [*args, "--output-dir", str(tmp_path / "o"), "--dry-run", "--trust-reward-code"])
+    assert r.exit_code == 0, r.output
+    assert marker.read_text() == "ran"

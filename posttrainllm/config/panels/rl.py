@@ -19,7 +19,7 @@ ONLINE: tuple[Opt, ...] = (
         "reward_regex",
         list,
         None,
-        "Reward 1 when the completion matches this regular expression (a search; anchor with ^...$ for a "
+        "Reward 1 when the completion matches this regular expression (re.search; anchor with ^...$ for a "
         "whole-format check), else 0. Repeatable.",
         ONLINE_RL,
         reward_pattern,
@@ -57,6 +57,16 @@ ONLINE: tuple[Opt, ...] = (
         ONLINE_RL,
         reward_fn_spec,
         "SPEC",
+        panel="Rewards",
+    ),
+    Opt(
+        "trust_reward_code",
+        bool,
+        False,
+        "Let the recipe's reward_fn entries run: they name Python code, which a recipe alone never imports (read "
+        "it first). Command line only; --reward-fn given on the command line needs no flag.",
+        ONLINE_RL,
+        recipe=False,
         panel="Rewards",
     ),
     Opt(
