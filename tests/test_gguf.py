@@ -464,3 +464,40 @@ def test_real_smollm2_q4_1_answers_paris(tmp_path, monkeypatch):
     r = invoke("generate", "--model", src, "--prompt", "What is the capital of France?", "--max-new-tokens", "20")
     assert r.exit_code == 0, r.output
     assert "Paris" in r.stdout, r.output
+
+
+# -------------------------------------------------------------------------------- a cache that cannot be written
+def _safetensor_error():
+    from safetensors import SafetensorError
+
+    return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["not_a_directory", "no_space", "safetensors"],
+)
+def test_a_cache_that_cannot_be_written_names_posttrainllm_cache(how, tiny, tmp_path, monkeypatch, alpaca_file):
+    import errno
+
+    src = copy_to(tiny.f32, tmp_path / "m" / "tiny.gguf")
+    if how == "not_a_directory":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv(pgguf.CACHE_ENV, str(blocker / "cache"))
+    else:
+        error = OSError(errno.ENOSPC, "No space left on device") if how == "no_space" else _safetensor_error()
+
+        def full(path, tmp, trust):
+            tmp.mkdir(parents=True)
+            raise error
+
+        monkeypatch.setattr(pgguf, "_write_converted", full)
+    r = invoke(*sft_args(src, alpaca_file, tmp_path / "o", "--dry-run"))
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    assert "cannot write the converted model of tiny.gguf to the cache" in lines[0]
+    assert f"set {pgguf.CACHE_ENV} to a writable directory with room" in lines[0]
+    leftovers = [p.name for p in (tmp_path / "cache" / "gguf").glob("*")] if how != "not_a_directory" else []
+    assert not [n for n in leftovers if ".tmp-" in n]  # no half-written conversion stays

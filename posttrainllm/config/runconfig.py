@@ -26,7 +26,7 @@ def _fields() -> list[tuple[str, Any, Any]]:
         seen.setdefault(o.name, o)
     return [
         ("command", str),
-        ("sources", dict[str, str], dataclasses.field(default_factory=dict)),  # option -> "default"|"recipe"|"cli"
+        ("sources", dict[str, str], dataclasses.field(default_factory=dict)),  # option -> default|recipe|cli|model
         ("argv", list[str], dataclasses.field(default_factory=list)),  # the command line as given: COMMAND OPTIONS...
         *((name, _annotation(o), dataclasses.field(default=None)) for name, o in seen.items()),
     ]
