@@ -211,3 +211,38 @@ def test_trust_reward_code_lets_the_recipe_s_reward_run(evil_recipe, tiny_model_
     r = runner.invoke(app, [*args, "--output-dir", str(tmp_path / "o"), "--dry-run", "--trust-reward-code"])
     assert r.exit_code == 0, r.output
     assert marker.read_text() == "ran"
+
+
+def test_python_dash_m_does_not_let_the_working_directory_shadow_a_package(tmp_path):
+    """`python -m posttrainllm` from a directory holding yaml.py: the recipe is read with the installed PyYAML."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "yaml.py").write_text("raise SystemExit('yaml.py of the working directory ran')\n")
+    (tmp_path / "r.yaml").write_text("no_such_key: 1\n")
+    root = str(Path(R.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "sft", "--recipe", "r.yaml", "--model", "m", "--dataset", "d"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "working directory ran" not in done.stdout + done.stderr
+    assert done.returncode == 2 and "unknown key 'no_such_key'" in done.stdout + done.stderr, done.stderr
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("value, says", [("float('nan')", "returned nan"), ("None", "no reward scored completion 1")])
+def test_a_run_whose_reward_is_nan_or_none_stops_with_exit_1(value, says, tiny_model_dir, tmp_path):
+    spec = _file(tmp_path, f"def bad(completions, **kw):\n    return [{value}] * len(completions)\n")
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Count {i}:", "answer": "1"} for i in range(4)])
+    out = tmp_path / "o"
+    args = ["grpo", "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(out)]
+    args += ["--reward-fn", f"{spec}:bad", "--batch-size", "4", "--max-completion-length", "4", "--max-steps", "2"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    text = " ".join(r.output.split())
+    assert len(errors) == 1 and f"reward --reward-fn {spec}:bad (step 1)" in text and says in text, text
+    assert "Traceback" not in r.output
+    assert not (out / "model.safetensors").exists() and not (out / "training_complete.json").exists()
