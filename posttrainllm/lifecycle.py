@@ -257,9 +257,9 @@ def check_batches(trainer, cfg) -> None:
     data = trainer.train_dataset
     if not hasattr(data, "__len__") or len(data) == 0:
         return  # an empty dataset is reported by the builder
-    if len(trainer.get_train_dataloader()) > 0:
+    sampler = trainer._get_train_sampler()  # not the dataloader: preparing one would draw from the global RNG
+    if sampler is None or not hasattr(sampler, "__len__") or len(sampler) > 0:
         return
-    sampler = trainer._get_train_sampler()
     need = getattr(sampler, "batch_size", None) or cfg.batch_size
     what = "prompt" if hasattr(sampler, "mini_repeat_count") else "row"
     raise DataError(

@@ -5,6 +5,7 @@ GRPO / RLOO rewards), LoRA, plan."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from posttrainllm import banner
 from posttrainllm.config.checks import (  # ONLINE_RL: sample completions and score them; SAMPLING: and distill
@@ -26,7 +27,7 @@ PREFERENCE = ("dpo", "kto")  # the commands with a reference model we load
 
 def setup(ctx: Context) -> Setup:
     from posttrainllm import models, weights
-    from posttrainllm.data import check_prompt_lengths, check_reward_columns, label_note, pipeline
+    from posttrainllm.data import check_reward_columns, label_note, pipeline
 
     cfg = ctx.cfg
     rewards = _rewards(cfg)  # the user's reward code is imported first: a bad --reward-fn stops before any model
@@ -51,9 +52,8 @@ def setup(ctx: Context) -> Setup:
     if cfg.command in ONLINE_RL:
         check_reward_columns(prepared, cfg.reward_match)
     if cfg.command in SAMPLING:
-        check_prompt_lengths(
-            prepared, tokenizer, _sampling_positions(cfg, positions, ref_path), cfg.max_completion_length
-        )
+        cfg, fitted = _fit_completions(cfg, prepared, tokenizer, _sampling_positions(cfg, positions, ref_path))
+        notes += fitted
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args,
         fine_tune=True, allow_new_weights=cfg.allow_new_weights, notes=notes, reward_head=cfg.command == "reward",
@@ -85,6 +85,15 @@ def setup(ctx: Context) -> Setup:
         cfg, model, tokenizer, prepared, plan, info, notes, resolved, ref_model, model_path, reward_funcs=rewards,
         teacher=teacher,
     )  # fmt: skip
+
+
+def _fit_completions(cfg, prepared, tokenizer, positions):
+    """The config with --max-completion-length clamped to what the longest prompt leaves of the positions (and the
+    note saying so); prompts that leave nothing are a UsageError (data/prompts.py)."""
+    from posttrainllm.data import fit_completion_length
+
+    length, note = fit_completion_length(prepared, tokenizer, positions, cfg.max_completion_length)
+    return (dataclasses.replace(cfg, max_completion_length=length), [note]) if note else (cfg, [])
 
 
 def _sampling_positions(cfg, positions: int | None, ref_path: str | None) -> int | None:

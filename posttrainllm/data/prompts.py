@@ -195,31 +195,38 @@ def _prompt_tokens(tokenizer, prompts: list, conversational: bool) -> list[int]:
     return [len(i) for i in tokenizer(text=prompts)["input_ids"]]
 
 
-def check_prompt_lengths(prepared: PreparedData, tokenizer, positions: int | None, completion: int) -> None:
-    """grpo / rloo / distill: each prompt and a completion of --max-completion-length tokens must fit the model's
-    positions (learned position embeddings fail past them): a UsageError with the count of prompts that do not fit,
-    before any model loads. Read in batches (memory follows the batch)."""
+def fit_completion_length(prepared: PreparedData, tokenizer, positions: int | None, completion: int):
+    """grpo / rloo / distill: a prompt and its completion must fit the model's positions (learned position embeddings
+    fail past them). Prompts that leave no room for a completion are a UsageError with their count, before any model
+    loads; when the longest prompt and --max-completion-length do not fit together, the completion length is clamped
+    to what that prompt leaves, as sft clamps --max-length. Returns (completion length, note or None). Read in
+    batches (memory follows the batch).
+
+    E.g. 256 positions, --max-completion-length 256, prompts of at most 40 tokens: (216, "... cut at 216 tokens")."""
     from ..errors import UsageError
 
     if not positions:
-        return
-    if completion >= positions:
-        raise UsageError(
-            f"--max-completion-length {completion} leaves no room for a prompt in the model's {positions} positions; "
-            f"lower it (at most {positions - 1}, less the prompts' length)"
-        )
-    room = positions - completion
+        return completion, None
+    longest = 0
     for name, ds in (("train", prepared.train), ("eval", prepared.eval)):
         if ds is None:
             continue
-        over, longest = 0, 0
+        over, most = 0, 0
         for batch in ds.select_columns(["prompt"]).iter(batch_size=256):
             lengths = _prompt_tokens(tokenizer, batch["prompt"], prepared.conversational)
-            over += sum(n > room for n in lengths)
-            longest = max([longest, *lengths])
+            over += sum(n >= positions for n in lengths)
+            most = max([most, *lengths])
         if over:
             raise UsageError(
-                f"{over} of {ds.num_rows} {name} prompts do not fit the model's context: {positions} positions hold "
-                f"at most {room} prompt tokens with --max-completion-length {completion} (the longest prompt has "
-                f"{longest} tokens); shorten or drop those prompts, or lower --max-completion-length"
+                f"{over} of {ds.num_rows} {name} prompts do not fit the model's context: they hold {positions} tokens "
+                f"or more (the longest {most}), and the model reads at most {positions}, completion included; shorten "
+                "or drop those prompts"
             )
+        longest = max(longest, most)
+    if longest + completion <= positions:
+        return completion, None
+    room = positions - longest
+    return room, (
+        f"--max-completion-length {completion} does not fit the model's {positions} positions after the longest "
+        f"prompt ({longest} tokens): completions are cut at {room} tokens"
+    )
