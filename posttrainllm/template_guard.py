@@ -27,6 +27,7 @@ RENDER_S = 5.0  # rendering the probe conversations (a sound template takes mill
 START_S = 60.0  # the whole child, its start (importing jinja2 through transformers) included, on a busy machine
 MEMORY_BYTES = 2 << 30  # the child's address space
 OUTPUT_CHARS = 1_000_000  # a few short messages render to a few hundred characters
+TEMPLATE_BYTES = 16 << 20  # a chat template file (a tokenizer_config.json may hold a vocabulary too)
 
 PROBES = (  # (messages, add_generation_prompt): what any chat template is used for
     ([{"role": "user", "content": "Hello"}], True),
@@ -69,6 +70,37 @@ def check_tokenizer_templates(tokenizer, where: str) -> None:
                 f"the chat template{which} of {where} {problem}, so it is refused; use a model whose template renders "
                 "normally, or replace its 'chat_template' (tokenizer_config.json or chat_template.jinja)"
             )
+
+
+def check_template_source(ref: str, where: str) -> None:
+    """A chat template given by path (TRL's `chat_template_path`: a Jinja file, or a tokenizer directory), checked as
+    a model's own; a hub id is left to TRL (nothing is downloaded here)."""
+    import os
+
+    path = Path(os.path.expanduser(ref))
+    texts: dict[str, str] = {}
+    if path.is_file():
+        texts["default"] = _read_template(path, where)
+    elif path.is_dir():
+        if (path / "chat_template.jinja").is_file():
+            texts["default"] = _read_template(path / "chat_template.jinja", where)
+        elif (path / "tokenizer_config.json").is_file():
+            try:
+                config = json.loads(_read_template(path / "tokenizer_config.json", where))
+            except ValueError:
+                config = {}
+            found = config.get("chat_template") if isinstance(config, dict) else None
+            texts = {"default": found} if isinstance(found, str) else {}
+    for template in texts.values():
+        problem = check_template(template)
+        if problem:
+            raise UsageError(f"{where}={ref}: the chat template {problem}, so it is refused; fix or replace it")
+
+
+def _read_template(path: Path, where: str) -> str:
+    if path.stat().st_size > TEMPLATE_BYTES:
+        raise UsageError(f"{where}: {path} is over {TEMPLATE_BYTES >> 20} MiB, not a chat template")
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def check_template(template: str, special: dict[str, str] | None = None) -> str | None:

@@ -74,3 +74,13 @@ def test_a_model_directory_whose_template_is_a_bomb_exits_2_naming_it(tiny_model
     text = " ".join(r.output.split())
     assert f"the chat template of {model} needed more than 2 GiB of memory" in text and "is refused" in text, text
     assert "Traceback" not in r.output
+
+
+def test_a_chat_template_path_for_trl_is_bounded_too(tiny_model_dir, alpaca_file, tmp_path):
+    bomb = tmp_path / "bomb.jinja"
+    bomb.write_text("{% for i in range(100000) %}{{ 'z' * 100 }}{% endfor %}")
+    args = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "o")]
+    r = runner.invoke(app, [*args, "--trainer-arg", f"chat_template_path={bomb}", "--dry-run"])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert f"--trainer-arg chat_template_path={bomb}: the chat template rendered more than" in text, text

@@ -179,6 +179,10 @@ def check_trainer_args(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
                 problems.append(f"--trainer-arg {key}={_clip(value)}: expected {_type_name(hints[key])}")
     if problems:
         raise ConfigErrors(problems)
+    if out.get("chat_template_path"):  # TRL reads that template itself: bounded like the model's own
+        from posttrainllm.template_guard import check_template_source
+
+        check_template_source(str(out["chat_template_path"]), "--trainer-arg chat_template_path")
     return out
 
 
