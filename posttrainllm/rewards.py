@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import math
 import numbers
 import sys
@@ -139,7 +140,7 @@ class MatchReward:
                     f"--reward-match {self.column}: a row holds {type(v).__name__} {shorten(repr(v), 60)}; the column "
                     "must hold an answer (a string or number) or a list of accepted answers"
                 )
-        return [str(v).strip() for v in values if v is not None]
+        return [_answer_text(v) for v in values if v is not None]
 
     def __call__(self, completions, **columns: Any) -> list[float]:
         if self.column not in columns:
@@ -152,6 +153,13 @@ class MatchReward:
             got = self.answer(completion)
             out.append(1.0 if got is not None and got in self._accepted(want) else 0.0)
         return out
+
+
+def _answer_text(value: Any) -> str:
+    """A column's answer as text, trimmed; an integral float as its integer (4.0 → "4"), as a JSON number reads."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
 
 
 class _Round:
@@ -173,17 +181,26 @@ class CheckedReward:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[float | None]:
-        completions = kwargs.get("completions", args[0] if args else [])
-        step = getattr(kwargs.get("trainer_state"), "global_step", None)
-        where = f"reward {self.label}" + (f" (step {step + 1})" if step is not None else "")
+        where = self._where(kwargs)
         try:
             out = self.fn(*args, **kwargs)
         except UsageError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's reward failed: name it and what it raised
-            raise TrainingError(
-                f"{where} raised {type(e).__name__}: {one_line(e, 160)}; fix the function (--debug shows the traceback)"
-            ) from e
+            raise self._raised(where, e) from e
+        return self._checked(out, kwargs.get("completions", args[0] if args else []), where)
+
+    def _where(self, kwargs: dict) -> str:
+        step = getattr(kwargs.get("trainer_state"), "global_step", None)
+        return f"reward {self.label}" + (f" (step {step + 1})" if step is not None else "")
+
+    @staticmethod
+    def _raised(where: str, e: Exception) -> TrainingError:
+        return TrainingError(
+            f"{where} raised {type(e).__name__}: {one_line(e, 160)}; fix the function (--debug shows the traceback)"
+        )
+
+    def _checked(self, out: Any, completions, where: str) -> list[float | None]:
         values = _checked_values(out, len(completions), where)
         self._note_unscored(completions, values, where)
         return values
@@ -200,6 +217,26 @@ class CheckedReward:
                 f"{where}: no reward scored completion {i + 1} of {len(values)} (every reward returned None, which "
                 "means 'does not apply'); return a number for every completion, e.g. 0.0 for 'no reward'"
             )
+
+
+class CheckedAsyncReward(CheckedReward):
+    """CheckedReward for an async reward function (TRL awaits the rewards that are coroutines together)."""
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> list[float | None]:
+        where = self._where(kwargs)
+        try:
+            out = await self.fn(*args, **kwargs)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's reward failed: name it and what it raised
+            raise self._raised(where, e) from e
+        return self._checked(out, kwargs.get("completions", args[0] if args else []), where)
+
+
+def checked(fn: Callable, label: str, round_: _Round) -> CheckedReward:
+    """`fn` wrapped in CheckedReward, or CheckedAsyncReward when calling it gives a coroutine."""
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+    return (CheckedAsyncReward if is_async else CheckedReward)(fn, label, round_)
 
 
 def _checked_values(out: Any, n: int, where: str) -> list[float | None]:
@@ -320,7 +357,7 @@ def build_rewards(cfg) -> list[Callable]:
         named.append((MatchReward(cfg.reward_match, cfg.answer_pattern), f"--reward-match {cfg.reward_match}"))
     named += [(load_reward_fn(spec), f"--reward-fn {shorten(spec, 80)}") for spec in cfg.reward_fn or []]
     round_ = _Round(len(named))
-    return [CheckedReward(fn, label, round_) for fn, label in named]
+    return [checked(fn, label, round_) for fn, label in named]
 
 
 def describe(cfg) -> str:

@@ -246,3 +246,17 @@ def test_a_run_whose_reward_is_nan_or_none_stops_with_exit_1(value, says, tiny_m
     assert len(errors) == 1 and f"reward --reward-fn {spec}:bad (step 1)" in text and says in text, text
     assert "Traceback" not in r.output
     assert not (out / "model.safetensors").exists() and not (out / "training_complete.json").exists()
+
+
+def test_an_async_reward_stays_awaitable_and_checked(tmp_path):
+    import asyncio
+
+    spec = _file(tmp_path, "async def f(completions, **kw):\n    return [float('inf')] * len(completions)\n")
+    (reward,) = R.build_rewards(_cfg(reward_fn=[f"{spec}:f"]))
+    assert reward.__name__ == "f"
+    with pytest.raises(TrainingError, match="returned inf for completion 1 of 1"):
+        asyncio.run(reward(completions=["a"]))
+
+
+def test_integral_float_answers_compare_as_integers():
+    assert R.MatchReward("answer")(completions=["4", "4", "0.5"], answer=[4.0, [4.0, "four"], 0.5]) == [1.0, 1.0, 1.0]
