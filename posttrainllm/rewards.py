@@ -257,13 +257,22 @@ def _checked_values(out: Any, n: int, where: str) -> list[float | None]:
                 f"{where} returned a {type(v).__name__} ({shorten(repr(v), 40)}) for completion {i + 1} of {n}; a "
                 "reward is a number (or None when it does not apply)"
             )
-        if v is not None and not math.isfinite(float(v)):
+        number = None if v is None else _as_float(v)
+        if number is not None and not math.isfinite(number):
             raise TrainingError(
-                f"{where} returned {float(v)} for completion {i + 1} of {n}; a reward must be a finite number (a NaN "
-                "or infinite reward teaches nothing); no final model was written"
+                f"{where} returned {shorten(repr(v), 40)} for completion {i + 1} of {n}; a reward must be a finite "
+                "number (a NaN or infinite reward teaches nothing); no final model was written"
             )
-        values.append(None if v is None else float(v))
+        values.append(number)
     return values
+
+
+def _as_float(v: numbers.Real) -> float:
+    """A real number as a float; one too large for a float (an int of 400 digits) as infinity."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 def spec_problem(spec: str) -> str | None:

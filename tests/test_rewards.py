@@ -49,6 +49,7 @@ def test_a_nested_answer_value_is_a_usage_error_naming_the_column():
     [
         ("return [float('nan')] * len(completions)", "returned nan for completion 1 of 2"),
         ("return [1.0, float('inf')]", "returned inf for completion 2 of 2"),
+        ("return [10 ** 400, 1]", "0000… (401 characters) for completion 1 of 2"),
         ("return [None] * len(completions)", "no reward scored completion 1 of 2"),
         ("return ['good'] * len(completions)", "returned a str ('good') for completion 1 of 2"),
         ("return 1.0", "returned a float (1.0), not a list of one number per completion"),
