@@ -111,12 +111,6 @@ def check_template(template: str, special: dict[str, str] | None = None) -> str 
     return _VERDICTS[key]
 
 
-def _limit_memory() -> None:  # pragma: no cover - runs in the child, before it starts
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-
-
 def _probe(template: str, special: dict[str, str]) -> str | None:
     payload = json.dumps({"template": template, "special": special})
     try:
@@ -126,7 +120,6 @@ def _probe(template: str, special: dict[str, str]) -> str | None:
             capture_output=True,
             text=True,
             timeout=START_S,
-            preexec_fn=_limit_memory,
         )
     except subprocess.TimeoutExpired:
         return f"took over {START_S:g} s to render a short conversation"
@@ -182,6 +175,9 @@ def _render_all(template: str, special: dict[str, str]) -> str | None:  # pragma
 
 
 def main() -> None:  # pragma: no cover - the child
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))  # first thing (no preexec_fn: threads)
     request = json.loads(sys.stdin.read())
     problem = _render_all(request["template"], request.get("special") or {})
     sys.stdout.write("\n" + json.dumps({"problem": problem}) + "\n")

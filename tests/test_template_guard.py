@@ -4,7 +4,6 @@ a sound template, and one that merely raises for a conversation it does not supp
 
 from __future__ import annotations
 
-import resource
 import shutil
 import time
 
@@ -41,8 +40,25 @@ def test_a_template_bomb_is_stopped_within_seconds_and_bounded_memory(name):
     problem = G.check_template(template)
     assert problem is not None and any(s in problem for s in says), problem
     assert time.monotonic() - t0 < G.RENDER_S + 55  # the child's start (importing jinja2) on a busy machine
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far, in KiB
-    assert peak_kib * 1024 <= G.MEMORY_BYTES
+
+
+def test_the_renderer_s_peak_memory_stays_under_the_bound():
+    """The 6 GB template checked from a fresh process: the peak memory of its renderer child is under the bound."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(G.__file__).resolve().parents[1])!r})\n"
+        "import resource\n"
+        "from posttrainllm.template_guard import check_template\n"
+        f"print(check_template({BOMBS['six_gigabytes'][0]!r}))\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    problem, peak_kib = done.stdout.strip().splitlines()[-2:]
+    assert MEMORY in problem, done.stdout + done.stderr
+    assert 0 < int(peak_kib) * 1024 <= G.MEMORY_BYTES
 
 
 @pytest.mark.parametrize(
