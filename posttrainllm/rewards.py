@@ -41,22 +41,71 @@ from posttrainllm.errors import TrainingError, UsageError, one_line, shorten
 REGEX_TIMEOUT_S = 2.0  # one completion's match: a sane pattern takes microseconds on a completion
 
 
+MAX_PATTERN_SIZE = 100_000  # the pattern with its counted repeats written out: a{3}(bc){2} is 7
+
+
 def compile_pattern(pattern: str):
-    """`pattern` compiled with the `regex` package (DOTALL), which can bound a search's time; raises regex.error."""
+    """`pattern` compiled with the `regex` package (DOTALL), which can bound a search's time; a UsageError for what
+    pattern_problem refuses (the regex package writes counted repeats out when it compiles, so
+    ``(?:a{65535}){65535}`` would take gigabytes before any search)."""
     import regex
 
+    problem = pattern_problem(pattern)
+    if problem:
+        raise UsageError(f"pattern {shorten(pattern, 60)!r} {problem}")
     return regex.compile(pattern, regex.DOTALL | regex.VERSION0)
 
 
 def pattern_problem(pattern: str) -> str | None:
-    """What is wrong with a reward pattern (None when it compiles); checked with the other options."""
-    import regex
+    """What is wrong with a reward pattern (None when fine), checked with the other options: it must be a valid
+    Python regular expression (`re`, as documented) whose counted repeats, written out, stay under MAX_PATTERN_SIZE
+    items. Nothing is compiled by the `regex` package here."""
+    import re
 
     try:
-        compile_pattern(pattern)
-    except (regex.error, ValueError, OverflowError, RecursionError) as e:
+        from re import _parser as sre_parse  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse
+    try:
+        parsed = sre_parse.parse(pattern, re.DOTALL)
+    except (re.error, ValueError, OverflowError, RecursionError) as e:
         return f"is not a valid regular expression ({one_line(e, 120)})"
+    size = _written_out(parsed.data if hasattr(parsed, "data") else list(parsed))
+    if size > MAX_PATTERN_SIZE:
+        return (
+            f"has counted repeats that write out to about {size:,} items (at most {MAX_PATTERN_SIZE:,}); use smaller "
+            "counts, or + and * instead of {n} for long runs"
+        )
     return None
+
+
+def _written_out(items) -> int:
+    """The size of a parsed pattern with every counted repeat written out (an open repeat counts its minimum + 1)."""
+    try:
+        from re import _constants as c  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_constants as c
+
+    total = 0
+    for op, av in items:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)):
+            low, high, sub = av
+            total += max(1, high if high != c.MAXREPEAT else low + 1) * _written_out(sub)
+        elif op is c.SUBPATTERN:
+            total += _written_out(av[-1])
+        elif op is c.BRANCH:
+            total += sum(_written_out(b) for b in av[1])
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            total += _written_out(av[1])
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            total += _written_out(av)
+        elif op is c.GROUPREF_EXISTS:
+            total += _written_out(av[1]) + (_written_out(av[2]) if av[2] else 0)
+        else:
+            total += 1
+        if total > MAX_PATTERN_SIZE:
+            return total  # large enough to refuse; the rest need not be counted
+    return total
 
 
 def _bounded(compiled, text: str, flag: str, find_all: bool = False):

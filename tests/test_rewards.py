@@ -261,3 +261,30 @@ def test_an_async_reward_stays_awaitable_and_checked(tmp_path):
 
 def test_integral_float_answers_compare_as_integers():
     assert R.MatchReward("answer")(completions=["4", "4", "0.5"], answer=[4.0, [4.0, "four"], 0.5]) == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("flag", ["--reward-regex", "--answer-pattern"])
+def test_a_pattern_whose_counted_repeats_explode_is_refused_with_the_options(flag, tmp_path):
+    """The regex package writes counted repeats out when it compiles: (?:a{65535}){65535} would take gigabytes.
+    It is refused (exit 2) from its parsed form, before anything compiles it, within bounded memory."""
+    import subprocess
+    from pathlib import Path
+
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "p", "answer": "1"}])
+    extra = [flag, "(?:a{65535}){65535}"] + (["--reward-match", "answer"] if flag == "--answer-pattern" else [])
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from posttrainllm.cli import main\n"
+        "sys.argv = ['posttrainllm'] + sys.argv[1:]\n"
+        "main()\n"
+    )
+    root = str(Path(R.__file__).resolve().parents[1])
+    args = ["grpo", "--model", str(tmp_path), "--dataset", str(data), "--dry-run", *extra]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    text = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, text
+    assert f"{flag} has counted repeats that write out to about 4,294,836,225 items" in text, text
