@@ -371,7 +371,7 @@ def _import_module(name: str):
     top = name.partition(".")[0]
     if top not in sys.modules:
         spec = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
-        if spec is not None and spec.loader is not None:
+        if spec is not None and spec.loader is not None and spec.has_location:  # a file or a package, no bare folder
             _exec(spec, top)
     try:
         return importlib.import_module(name)
