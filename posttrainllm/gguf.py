@@ -163,6 +163,33 @@ def convert(path: Path, info: dict[str, Any], root: Path | None = None, trust_re
     out = converted_dir(path, root)
     if read_source(out) is not None:
         return out
+    try:
+        return _convert_into(out, path, info, trust_remote_code)
+    except Exception as e:
+        if isinstance(e, ModelError) or not _is_write_error(e):
+            raise
+        raise ModelError(
+            f"cannot write the converted model of {path.name} to the cache {out.parent}: {one_line(e, 160)}; free "
+            f"space there or set {CACHE_ENV} to a writable directory with room (about "
+            f"{_size_text(int(path.stat().st_size * 32 / max(float(info.get('bits') or 32), 1.0)))}, fp32)"
+        ) from e
+
+
+def _is_write_error(e: BaseException) -> bool:
+    """An error of writing the cache: an OSError (no space, read-only, permission, not a directory) or safetensors'
+    writer's error."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - an older safetensors
+        return isinstance(e, OSError)
+    return isinstance(e, (OSError, SafetensorError))
+
+
+def _size_text(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{max(1, n // 2**20)} MiB"
+
+
+def _convert_into(out: Path, path: Path, info: dict[str, Any], trust_remote_code: bool) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with _lock(out.parent / f".{out.name}.lock"):
         if read_source(out) is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from posttrainllm import banner, records
 from posttrainllm.constants import DEFAULT_WINDOW
 from posttrainllm.context import Context, Setup
-from posttrainllm.errors import TrainingError
+from posttrainllm.errors import DataError, TrainingError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 
@@ -208,6 +208,8 @@ def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume
         baseline = drift.Baseline(trainer.model, s.model_path or cfg.model)
     t0 = time.time()
     last = _at_last_step(trainer, resume_from) if resume_from else None
+    if last is None:
+        check_batches(trainer, cfg)
     metrics = _finish_from(trainer, resume_from, last) if last is not None else _train(cfg, trainer, guard, resume_from)
     if s.prepared.eval is not None:
         metrics.update(trainer.evaluate())
@@ -215,6 +217,37 @@ def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume
     if trainer.is_world_process_zero():
         first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
         banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
+
+
+def check_batches(trainer, cfg: RunConfig) -> None:
+    """Training data that fills no batch trains nothing (transformers would stop at step 0, or fail on a length of
+    0): a DataError saying how many rows a step needs. A stream has no length and is not checked."""
+    data = trainer.train_dataset
+    if not hasattr(data, "__len__") or len(data) == 0:
+        return  # an empty dataset is reported by the builder
+    sampler = trainer._get_train_sampler()  # not the dataloader: preparing one would draw from the global RNG
+    if sampler is None or not hasattr(sampler, "__len__") or len(sampler) > 0:
+        return
+    need = getattr(sampler, "batch_size", None) or cfg.batch_size
+    what = "prompt" if hasattr(sampler, "mini_repeat_count") else "row"
+    raise DataError(
+        f"nothing left to train on: {len(data)} training {what}(s), but one step takes {need} {what}s "
+        "(--batch-size × --grad-accum × ranks, over --num-generations for sampled completions); add data or lower "
+        "--batch-size / --grad-accum"
+    )
+
+
+def _check_trained(trainer, cfg: RunConfig, resume_from) -> None:
+    """A run that asked for training (--max-steps or --epochs) but made no optimizer step is no success: a
+    TrainingError (exit 1), before anything is saved as the final model."""
+    first = int(resume_from.name.split("-")[1]) if resume_from else 0
+    if trainer.state.global_step > first:
+        return
+    asked = f"--max-steps {cfg.max_steps}" if cfg.max_steps > 0 else f"--epochs {cfg.epochs:g}"
+    raise TrainingError(
+        f"nothing was trained: {asked} was asked for, but the run ended at step {trainer.state.global_step} without "
+        "an optimizer step (no batch of training data); no final model was written. Add data or lower --batch-size"
+    )
 
 
 def _finish_from(trainer, checkpoint: Path, last: int) -> dict:
@@ -235,6 +268,7 @@ def _train(cfg: RunConfig, trainer, guard, resume_from) -> dict:
     if guard.signum is not None:
         records.report_interrupt(cfg, trainer, guard)
         raise SystemExit(guard.exit_code)
+    _check_trained(trainer, cfg, resume_from)
     metrics = dict(result.metrics)
     if not math.isfinite(metrics.get("train_loss", 0.0)):
         raise TrainingError(

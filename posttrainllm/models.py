@@ -11,6 +11,7 @@ from typing import Any
 from posttrainllm.config.coerce import check_keyed
 from posttrainllm.constants import LAYER_COUNT_KEYS
 from posttrainllm.errors import ModelError, UsageError, one_line
+from posttrainllm.template_guard import check_tokenizer_templates
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -147,6 +148,14 @@ def precision_notes(picked: str) -> list[str]:
     ]
 
 
+def _template_owner(ref: str) -> str:
+    """The model a chat template comes from, for messages: a converted GGUF's own file, else the reference."""
+    from posttrainllm import gguf
+
+    source = gguf.read_source(ref) if os.path.isdir(ref) else None
+    return f"{source['file']} (tokenizer.chat_template)" if source and source.get("file") else ref
+
+
 def load_tokenizer(
     ref: str, trust_remote_code: bool = False, *, need_eos: bool = False, notes: list[str] | None = None
 ):
@@ -158,6 +167,7 @@ def load_tokenizer(
         tok = AutoTokenizer.from_pretrained(ref, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"cannot load a tokenizer from {ref}: {one_line(e)}") from e
+    check_tokenizer_templates(tok, _template_owner(ref))
     if need_eos and tok.eos_token is None:
         before = len(tok)
         tok.add_special_tokens({"eos_token": "<|endoftext|>"})

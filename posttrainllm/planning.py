@@ -78,6 +78,20 @@ def bottom_scale_note(cfg: RunConfig, plan) -> list[str]:
     return [f"--llrd-bottom-scale {s:g} on {n} blocks: γ = {s:g}^(1/{n - 1}) = {plan.gamma:.4f}"]
 
 
+CLAMPED = "model"  # cfg.sources' value for --max-length clamped to the model's positions
+
+
+def length_advice(cfg: RunConfig) -> str:
+    """How to fit examples that are too long: raise --max-length, or, when it was clamped to the model's positions,
+    shorten them (the model reads no more)."""
+    if cfg.sources.get("max_length") == CLAMPED:
+        return (
+            f"the model's limit of {cfg.max_length} positions (--max-length was clamped to it); shorten the examples "
+            "or use a model with a longer context"
+        )
+    return f"--max-length {cfg.max_length}; raise --max-length"
+
+
 def clamp_max_length(cfg: RunConfig, limit: int | None):
     """--max-length above the model's positions would crash models with learned position embeddings: clamp it
     (with a note when the user asked for more; the default simply becomes the model's limit). Returns the
@@ -86,7 +100,8 @@ def clamp_max_length(cfg: RunConfig, limit: int | None):
         return cfg, []
     asked = cfg.sources.get("max_length") != "default"
     note = f"--max-length {cfg.max_length} is more than the model's {limit} positions: using {limit}"
-    return dataclasses.replace(cfg, max_length=limit), ([note] if asked else [])
+    sources = {**cfg.sources, "max_length": CLAMPED}  # the messages that follow speak of the model's limit
+    return dataclasses.replace(cfg, max_length=limit, sources=sources), ([note] if asked else [])
 
 
 def check_something_trains(cfg: RunConfig, names: list[str] | None) -> None:

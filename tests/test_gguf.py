@@ -33,9 +33,10 @@ def llama_cpp_permute(w, n_head: int, n_head_kv: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, model, tok, qtype=None, arch="llama", permute=True):
+def write_gguf(path, model, tok, qtype=None, arch="llama", permute=True, chat_template=None):
     """A llama GGUF of `model` and `tok`: 2-D weights quantized to `qtype` (None: F32), norms in F32; without
-    output.weight when the model ties its embeddings (as llama.cpp writes it)."""
+    output.weight when the model ties its embeddings (as llama.cpp writes it); `chat_template` as its
+    tokenizer.chat_template."""
     import numpy as np
 
     cfg = model.config
@@ -65,6 +66,8 @@ def write_gguf(path, model, tok, qtype=None, arch="llama", permute=True):
     w.add_bos_token_id(tok.bos_token_id)
     w.add_eos_token_id(tok.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
     if not cfg.tie_word_embeddings:
@@ -464,3 +467,62 @@ def test_real_smollm2_q4_1_answers_paris(tmp_path, monkeypatch):
     r = invoke("generate", "--model", src, "--prompt", "What is the capital of France?", "--max-new-tokens", "20")
     assert r.exit_code == 0, r.output
     assert "Paris" in r.stdout, r.output
+
+
+# -------------------------------------------------------------------------------- a cache that cannot be written
+def _safetensor_error():
+    from safetensors import SafetensorError
+
+    return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["not_a_directory", "no_space", "safetensors"],
+)
+def test_a_cache_that_cannot_be_written_names_posttrainllm_cache(how, tiny, tmp_path, monkeypatch, alpaca_file):
+    import errno
+
+    src = copy_to(tiny.f32, tmp_path / "m" / "tiny.gguf")
+    if how == "not_a_directory":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv(pgguf.CACHE_ENV, str(blocker / "cache"))
+    else:
+        error = OSError(errno.ENOSPC, "No space left on device") if how == "no_space" else _safetensor_error()
+
+        def full(path, tmp, trust):
+            tmp.mkdir(parents=True)
+            raise error
+
+        monkeypatch.setattr(pgguf, "_write_converted", full)
+    r = invoke(*sft_args(src, alpaca_file, tmp_path / "o", "--dry-run"))
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    assert "cannot write the converted model of tiny.gguf to the cache" in lines[0]
+    assert f"set {pgguf.CACHE_ENV} to a writable directory with room" in lines[0]
+    leftovers = [p.name for p in (tmp_path / "cache" / "gguf").glob("*")] if how != "not_a_directory" else []
+    assert not [n for n in leftovers if ".tmp-" in n]  # no half-written conversion stays
+
+
+# ----------------------------------------------------------------------------- a hostile chat template in the file
+BOMBS = {
+    "six_gigabytes": "{{ 'x' * 6000000000 }}",
+    "nested_loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_gguf_chat_template_bomb_exits_2_within_seconds_naming_it(bomb, tiny, tmp_path, alpaca_file):
+    import time
+
+    (tmp_path / "m").mkdir()
+    src = write_gguf(tmp_path / "m" / "bomb.gguf", tiny.model, tiny.tok, chat_template=BOMBS[bomb])
+    t0 = time.monotonic()
+    r = invoke(*sft_args(src, alpaca_file, tmp_path / "o", "--dry-run"))
+    assert time.monotonic() - t0 < 90  # the render is bounded at 5 s, the rest is loading and converting
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bomb.gguf (tokenizer.chat_template)" in errors[0], r.output
+    assert "is refused" in errors[0] and not (tmp_path / "o" / "param_groups.json").exists()

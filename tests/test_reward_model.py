@@ -108,3 +108,22 @@ def test_first_step_drift_follows_the_lrs_and_the_model_learns_the_preference(
 
     wins = sum(score(r["prompt"] + r["chosen"]) > score(r["prompt"] + r["rejected"]) for r in rows)
     assert wins >= 0.9 * len(rows), wins
+
+
+@pytest.mark.parametrize("max_length, says", [("100000", "the model's limit of 256 positions"), ("64", "raise")])
+def test_examples_longer_than_the_clamped_limit_do_not_say_raise_max_length(max_length, says, tiny_model_dir,
+                                                                            tmp_path):  # fmt: skip
+    """--max-length above the model's 256 positions is clamped to them: when no pair then fits, the advice is to
+    shorten the examples, not to raise --max-length (which would be clamped again)."""
+    from conftest import write_jsonl
+
+    rows = [{"prompt": "word " * 400, "chosen": " yes", "rejected": " no"}] * 4
+    data = write_jsonl(tmp_path / "long.jsonl", rows)
+    r = runner.invoke(app, _args(tiny_model_dir, data, tmp_path / "o", "--max-length", max_length, "--max-steps", "1"))
+    assert r.exit_code == 1, r.output
+    text = " ".join(r.output.split())
+    assert "no training example is left after tokenization" in text and says in text, text
+    if max_length == "100000":
+        assert "raise --max-length" not in text and "shorten the examples" in text
+    else:
+        assert "than --max-length 64; raise --max-length" in text

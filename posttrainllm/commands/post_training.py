@@ -6,6 +6,7 @@ model (and the reference or teacher; the rewards), LoRA, plan. What differs is r
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from posttrainllm import banner
@@ -39,13 +40,17 @@ def setup(ctx: Context) -> Setup:
     if source and (low := gguf_note(source)):
         notes.append(low)
     tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code, need_eos=spec.needs_eos, notes=notes)
-    cfg, clamped = clamp_max_length(cfg, models.max_positions(model_path, cfg.trust_remote_code))
+    positions = models.max_positions(model_path, cfg.trust_remote_code)
+    cfg, clamped = clamp_max_length(cfg, positions)
     notes += clamped
     if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
     prepared = pipeline.prepare(cfg, tokenizer, spec.data, *_starting_model(cfg, model_path, ctx.precision, model_args))
     if spec.rewards:
         check_reward_columns(prepared, cfg.reward_match)
+    if spec.samples:
+        cfg, fitted = _fit_completions(cfg, prepared, tokenizer, _sampling_positions(cfg, positions, ref_path))
+        notes += fitted
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=ctx.precision, model_args=model_args,
         fine_tune=True, allow_new_weights=cfg.allow_new_weights, notes=notes, reward_head=spec.reward_head,
@@ -97,6 +102,25 @@ def _starting_model(cfg: RunConfig, model_path: str, precision: str, model_args:
         return model.to("cuda") if torch.cuda.is_available() else model
 
     return load, input_identity(model_path) or {"ref": cfg.model}
+
+
+def _fit_completions(cfg: RunConfig, prepared, tokenizer, positions):
+    """The config with --max-completion-length clamped to what the longest prompt leaves of the positions (and the
+    note saying so); prompts that leave nothing are a UsageError (data/prompts.py)."""
+    from posttrainllm.data import fit_completion_length
+
+    length, note = fit_completion_length(prepared, tokenizer, positions, cfg.max_completion_length)
+    return (dataclasses.replace(cfg, max_completion_length=length), [note]) if note else (cfg, [])
+
+
+def _sampling_positions(cfg: RunConfig, positions: int | None, ref_path: str | None) -> int | None:
+    """The positions a sampled prompt and completion must fit: the model's, and distill's teacher's (it reads them
+    too); None when no config says."""
+    from posttrainllm import models
+
+    teacher = models.max_positions(ref_path, cfg.trust_remote_code) if ref_path else None
+    limits = [p for p in (positions, teacher) if p]
+    return min(limits) if limits else None
 
 
 def _rewards(cfg: RunConfig, spec: CommandSpec):

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 
 from posttrainllm.errors import shorten
-from posttrainllm.rewards import spec_problem
+from posttrainllm.rewards import pattern_problem, spec_problem
 
 ONLINE_RL = ("grpo", "rloo")  # learn from completions the model samples and rewards score
 SAMPLING = ONLINE_RL + ("distill",)  # train on completions the model samples during training
@@ -107,12 +107,8 @@ def lr_factor(item):
     )
 
 
-def regex(v):
-    try:
-        re.compile(v)
-    except re.error as e:
-        return f"is not a valid regular expression ({e})"
-    return None
+def reward_pattern(v):
+    return pattern_problem(v)  # the engine the rewards match with (the `regex` package, time-bounded)
 
 
 def reward_fn_spec(v):

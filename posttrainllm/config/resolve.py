@@ -63,6 +63,19 @@ def _apply_cli(cli_values: dict[str, Any], opts: dict[str, Opt], values: dict, s
     return problems
 
 
+def _recipe_code(recipe: str | None, values: dict, sources: dict) -> list[str]:
+    """A recipe's reward_fn names Python code to import: it runs only with --trust-reward-code on the command line (a
+    recipe cannot set that flag), and never silently, not even under --dry-run (docs/decision_log.md, "Reward code
+    named by a recipe")."""
+    if sources.get("reward_fn") != "recipe" or values.get("trust_reward_code"):
+        return []
+    specs = ", ".join(shorten(s, 80) for s in values.get("reward_fn") or [])
+    return [
+        f"recipe {shorten(recipe)}: reward_fn {specs} names Python code to run; a recipe's reward code runs only with "
+        "--trust-reward-code on the command line (read the file first), or give --reward-fn on the command line"
+    ]
+
+
 def _checked(opts: dict[str, Opt], values: dict, sources: dict) -> list[str]:
     """Required options present; each given value passes its option's check."""
     problems = []
@@ -102,6 +115,7 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
     if cli_values.get("recipe"):
         problems += _apply_recipe(command, cli_values["recipe"], opts, values, sources)
     problems += _apply_cli(cli_values, opts, values, sources)
+    problems += _recipe_code(cli_values.get("recipe"), values, sources)
     problems += _checked(opts, values, sources)
     _command_defaults(command, values)
     problems += _cross_checks(command, values)

@@ -70,6 +70,7 @@ class RunConfig:
     reward_match: str | None = None
     answer_pattern: str | None = None
     reward_fn: list[str] | None = None
+    trust_reward_code: bool = False
     reward_weights: list[float] | None = None
     num_generations: int = 4
     max_completion_length: int = 128

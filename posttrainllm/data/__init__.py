@@ -45,12 +45,13 @@ from .formats import (
 )
 from .loss_mask import LossMask, apply_loss_mask
 from .prepare import PreparedData, describe, label_note, prepare_dpo, prepare_kto, prepare_sft, prepare_text
-from .prompts import check_reward_columns, prepare_prompts
+from .prompts import check_reward_columns, fit_completion_length, prepare_prompts
 from .reading import load, read_records
 from .replay import mix_replay
 from .text import iter_texts, load_texts
 
 __all__ = [
+    "fit_completion_length",
     "SFT_FORMATS",
     "DPO_FORMATS",
     "TEXT_FORMATS",

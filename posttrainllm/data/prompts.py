@@ -184,3 +184,49 @@ def check_reward_columns(prepared: PreparedData, column: str | None) -> None:
         if ds is not None and column not in ds.column_names:
             found = ", ".join(c for c in ds.column_names if c != "prompt") or "none besides the prompt"
             raise UsageError(f"--reward-match {column}: the {name} data has no column {column!r}; its columns: {found}")
+
+
+def _prompt_tokens(tokenizer, prompts: list, conversational: bool) -> list[int]:
+    """The token counts of prompts as TRL's samplers tokenize them: a chat template with the generation prompt, or
+    the tokenizer on the string."""
+    if conversational:
+        ids = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return [len(i) for i in ids["input_ids"]]
+    return [len(i) for i in tokenizer(text=prompts)["input_ids"]]
+
+
+def fit_completion_length(prepared: PreparedData, tokenizer, positions: int | None, completion: int):
+    """grpo / rloo / distill: a prompt and its completion must fit the model's positions (learned position embeddings
+    fail past them). Prompts that leave no room for a completion are a UsageError with their count, before any model
+    loads; when the longest prompt and --max-completion-length do not fit together, the completion length is clamped
+    to what that prompt leaves, as sft clamps --max-length. Returns (completion length, note or None). Read in
+    batches (memory follows the batch).
+
+    E.g. 256 positions, --max-completion-length 256, prompts of at most 40 tokens: (216, "... cut at 216 tokens")."""
+    from ..errors import UsageError
+
+    if not positions:
+        return completion, None
+    longest = 0
+    for name, ds in (("train", prepared.train), ("eval", prepared.eval)):
+        if ds is None:
+            continue
+        over, most = 0, 0
+        for batch in ds.select_columns(["prompt"]).iter(batch_size=256):
+            lengths = _prompt_tokens(tokenizer, batch["prompt"], prepared.conversational)
+            over += sum(n >= positions for n in lengths)
+            most = max([most, *lengths])
+        if over:
+            raise UsageError(
+                f"{over} of {ds.num_rows} {name} prompts do not fit the model's context: they hold {positions} tokens "
+                f"or more (the longest {most}), and the model reads at most {positions}, completion included; shorten "
+                "or drop those prompts"
+            )
+        longest = max(longest, most)
+    if longest + completion <= positions:
+        return completion, None
+    room = positions - longest
+    return room, (
+        f"--max-completion-length {completion} does not fit the model's {positions} positions after the longest "
+        f"prompt ({longest} tokens): completions are cut at {room} tokens"
+    )

@@ -129,10 +129,15 @@ def check_trainer_args(spec: CommandSpec, raw: dict[str, Any]) -> dict[str, Any]
     the closest names), keys a first-class option owns, and values of the wrong type are UsageErrors (exit 2);
     values are coerced to the field's type ("true" → True, "8" → 8, JSON for lists/dicts)."""
     cls = config_class(spec)
-    return check_keyed(
+    out = check_keyed(
         "--trainer-arg", raw, _field_types(cls), owned={**FIRST_CLASS, **spec.owned_fields},
         unknown=f"not a field of {cls.__name__}",
     )  # fmt: skip
+    if out.get("chat_template_path"):  # TRL reads that template itself: bounded like the model's own
+        from posttrainllm.template_guard import check_template_source
+
+        check_template_source(str(out["chat_template_path"]), "--trainer-arg chat_template_path")
+    return out
 
 
 def _field_types(cls) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from posttrainllm.commands.spec import load
 from posttrainllm.errors import DataError
+from posttrainllm.planning import length_advice
 from posttrainllm.training.args import trainer_config
 from posttrainllm.training.mixins import (
     DivergenceGuardMixin,
@@ -73,9 +74,8 @@ def build_trainer(
     check_distributed_engine(trainer, llrd_active=plan.lr_scaled)
     if hasattr(trainer.train_dataset, "__len__") and len(trainer.train_dataset) == 0:  # a stream has no length
         raise DataError(
-            "no training example is left after tokenization: every example was "
-            f"longer than --max-length {cfg.max_length} before its completion "
-            "started (or was empty); raise --max-length"
+            "no training example is left after tokenization: every example was longer before its completion started "
+            f"(or was empty) than {length_advice(cfg)}"
         )
     return trainer
 

@@ -9,8 +9,8 @@ from posttrainllm.config.checks import (
     at_least_two,
     non_negative,
     positive_int,
-    regex,
     reward_fn_spec,
+    reward_pattern,
 )
 from posttrainllm.config.opt import CODE, Opt
 
@@ -22,7 +22,7 @@ ONLINE: tuple[Opt, ...] = (
         help="Reward 1 when the completion matches this regular expression (re.search; anchor with ^...$ for a "
         "whole-format check), else 0. Repeatable.",
         commands=ONLINE_RL,
-        check=regex,
+        check=reward_pattern,
         metavar="REGEX",
         panel="Rewards",
     ),
@@ -43,7 +43,7 @@ ONLINE: tuple[Opt, ...] = (
         help="With --reward-match: the answer is the last match of this regex in the completion (its first group if it "
         "has one; default: the whole completion).",
         commands=ONLINE_RL,
-        check=regex,
+        check=reward_pattern,
         metavar="REGEX",
         panel="Rewards",
     ),
@@ -59,6 +59,16 @@ ONLINE: tuple[Opt, ...] = (
         metavar="SPEC",
         panel="Rewards",
         input=CODE,
+    ),
+    Opt(
+        name="trust_reward_code",
+        type=bool,
+        default=False,
+        help="Let the recipe's reward_fn entries run: they name Python code, which a recipe alone never imports (read "
+        "it first). Command line only; --reward-fn given on the command line needs no flag.",
+        commands=ONLINE_RL,
+        recipe=False,
+        panel="Rewards",
     ),
     Opt(
         name="reward_weights",
