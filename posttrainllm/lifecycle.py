@@ -51,6 +51,7 @@ class Setup:
     after_plan: Callable[[Any], None] | None = None  # run_dir -> None: what to write once the plan is shown
     reward_funcs: list | None = None  # grpo / rloo: the rewards the trainer scores completions with
     teacher: Any = None  # distill: the teacher model (frozen, never in the optimizer)
+    kl_base: Any = None  # --kl-to-base without LoRA: the frozen starting model (never in the optimizer)
 
 
 @dataclass
@@ -230,6 +231,7 @@ def train_and_finalize(s: Setup, precision: str, resume_from, run_dir, before) -
         loss=s.prepared.loss,
         reward_funcs=s.reward_funcs,
         teacher=s.teacher,
+        kl_base=s.kl_base,
     )
     if cfg.report_to in ("tensorboard", "all"):
         run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/

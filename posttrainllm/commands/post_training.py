@@ -53,6 +53,7 @@ def setup(ctx: Context) -> Setup:
     models.fit_embeddings_to_tokenizer(model, tokenizer)
     ref_model = _reference_model(cfg, model, ref_path, ctx.precision, model_args)
     teacher = _teacher(cfg, ref_path, ctx.precision)
+    kl_base = _kl_base(cfg, model)
     if cfg.lora_r:
         model = _apply_lora(model, cfg)
     plan = plan_param_groups(cfg, model)
@@ -72,10 +73,10 @@ def setup(ctx: Context) -> Setup:
             **ref_source,
             "converted_to": ref_path,
         }
-    info = _info(cfg, model, plan, prepared, source, ctx)
+    info = _info(cfg, model, plan, prepared, source, ctx, kl_base)
     return Setup(
         cfg, model, tokenizer, prepared, plan, info, notes, resolved, ref_model, model_path, reward_funcs=rewards,
-        teacher=teacher,
+        teacher=teacher, kl_base=kl_base,
     )  # fmt: skip
 
 
@@ -130,6 +131,14 @@ def _teacher(cfg, teacher_path, precision):
     teacher = models.load_model(teacher_path, trust_remote_code=cfg.trust_remote_code, precision=precision,
                                 what="--teacher")  # fmt: skip
     return teacher.requires_grad_(False).eval()
+
+
+def _kl_base(cfg, model):
+    """--kl-to-base without LoRA: a frozen copy of the starting model, in eval mode (never in the optimizer). None at
+    β = 0 (nothing is built) and under LoRA (the base is then the model with its adapters disabled)."""
+    if not cfg.kl_to_base or cfg.lora_r:
+        return None
+    return copy.deepcopy(model).requires_grad_(False).eval()
 
 
 def _reference_model(cfg, model, ref_path, precision, model_args):
@@ -228,10 +237,11 @@ def _online_row(cfg) -> str:
     )
 
 
-def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
+def _info(cfg, model, plan, prepared, source, ctx: Context, kl_base=None) -> dict:
     """The banner's rows: what trains on what."""
     from posttrainllm import models
     from posttrainllm.data import describe
+    from posttrainllm.training.kl_to_base import banner_row
 
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -262,6 +272,7 @@ def _info(cfg, model, plan, prepared, source, ctx: Context) -> dict:
         else None,
         "packing": _packing_row(cfg),
         "replay": f"{cfg.replay_ratio:.0%} of rows from {cfg.replay_dataset}" if cfg.replay_dataset else None,
+        "KL to base": banner_row(cfg, kl_base),
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {ctx.resume_from.name})" if ctx.resume_from else ""),

@@ -8,6 +8,7 @@ import math
 from posttrainllm.config.checks import ONLINE_RL, SAMPLING  # SAMPLING: the kinds using TRL's RepeatSampler
 from posttrainllm.errors import DataError
 from posttrainllm.training.args import TRL_KINDS, trainer_config
+from posttrainllm.training.kl_to_base import KLToBaseMixin, kl_to_base_kwargs
 from posttrainllm.training.mixins import (
     DivergenceGuardMixin,
     EngineMixin,
@@ -33,19 +34,25 @@ def build_trainer(
     loss=None,
     reward_funcs=None,
     teacher=None,
+    kl_base=None,
 ):
     """Build the trainer for `kind` (TRL_KINDS, or 'causal_lm') with the LLRD mixin and the run's plan. The
     reference model (dpo, kto), the reward functions (grpo, rloo) and the teacher (distill) are the trainer's, never
-    in the optimizer."""
+    in the optimizer. `kl_base`: --kl-to-base's frozen base (None under LoRA: the adapter-disabled model)."""
     conf = trainer_config(kind, cfg, precision, has_eval=eval_ds is not None, loss=loss)
     common = dict(
         args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
     )
+    kl = kl_to_base_kwargs(cfg, kl_base)  # {} at β = 0: no mixin, the plain trainer
+    common.update(kl)
+    anchor = (KLToBaseMixin,) if kl else ()
     if kind in TRL_KINDS:
         import trl
 
         base = getattr(trl, TRL_KINDS[kind][0])
-        mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if kind in SAMPLING else ())
+        mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin, *anchor) + (
+            (ResumedOrderMixin,) if kind in SAMPLING else ()
+        )
         cls = type(f"LLRD{base.__name__}", (*mixins, base), {"llrd_plan": plan})
         own = {"ref_model": ref_model} if kind in ("dpo", "kto") else {}
         if kind in ONLINE_RL:
@@ -56,7 +63,8 @@ def build_trainer(
     else:
         from transformers import Trainer, default_data_collator
 
-        cls = type("LLRDTrainer", (EngineMixin, DivergenceGuardMixin, LLRDMixin, Trainer), {"llrd_plan": plan})
+        mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin, *anchor)
+        cls = type("LLRDTrainer", (*mixins, Trainer), {"llrd_plan": plan})
         trainer = cls(model=model, data_collator=default_data_collator, **common)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from posttrainllm.config.checks import (
     LANGUAGE_MODELS,
     fraction_below_one,
+    non_negative,
 )
 from posttrainllm.config.opt import Opt
 
@@ -44,6 +45,20 @@ FORGETTING: tuple[Opt, ...] = (
         ("sft", "finetune"),
         fraction_below_one,
         "FRACTION",
+        panel="Forgetting",
+    ),
+    Opt(
+        "kl_to_base",
+        float,
+        0.0,
+        "KL anchor to the starting model: loss = the LM loss + β × the mean per-token KL(base ‖ model) over the "
+        "tokens the loss is on; logged as kl_to_base. The base is a frozen copy of the model (its weights once "
+        "more in memory), or with --lora-r the model with its adapters off (no copy); either way one extra "
+        "forward per step. 0 (default): off. sft and finetune only (dpo's and kto's --beta already anchor to "
+        "their reference).",
+        ("sft", "finetune"),
+        non_negative,
+        "BETA",
         panel="Forgetting",
     ),
 )
