@@ -88,7 +88,8 @@ def main() -> None:
                 rows.append(row)
                 print(
                     f"rep {rep} β={beta:g}: {row['step_s']:.2f} s/step ({row['step_cpu_s']:.2f} s CPU), "
-                    f"peak RSS {row['peak_rss_mib']:.0f} MiB, loss {row['loss'][0]:.4f} → {row['loss'][-1]:.4f}, kl_to_base {row['kl_to_base'][-1]}",
+                    f"peak RSS {row['peak_rss_mib']:.0f} MiB, loss {row['loss'][0]:.4f} → {row['loss'][-1]:.4f}, "
+                    f"kl_to_base {row['kl_to_base'][-1]}",
                     file=sys.stderr,
                     flush=True,
                 )
