@@ -19,11 +19,17 @@ from posttrainllm.training.kl_to_base import KLToBaseMixin
 runner = CliRunner()
 
 
-def _run(command, model, data, out, *extra):
+def _invoke(command, model, data, out, *extra):
     args = [command, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--precision", "fp32"]
     args += ["--batch-size", "4", "--logging-steps", "1", "--save-steps", "1000", "--lr", "1e-2", *extra]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
+    return r.output
+
+
+def _run(command, model, data, out, *extra):
+    """The run's log_history (trainer_state.json)."""
+    _invoke(command, model, data, out, *extra)
     return json.loads((out / "trainer_state.json").read_text())["log_history"]
 
 
@@ -77,9 +83,11 @@ def test_step_1_loss_is_the_plain_loss(command, extra, base, tiny_model_dir, dat
     """Model = base at step 1: KL is 0 and the loss equals the run without the anchor; at step 2 the anchor acts."""
     plain = _steps(_run(command, tiny_model_dir, data_for[command], tmp_path / "plain", "--max-steps", "2", *extra))
     anchored_run = tmp_path / "kl"
-    anchored = _steps(
-        _run(command, tiny_model_dir, data_for[command], anchored_run, "--max-steps", "2", "--kl-to-base", "5", *extra)
+    output = _invoke(
+        command, tiny_model_dir, data_for[command], anchored_run, "--max-steps", "2", "--kl-to-base", "5", *extra
     )
+    anchored = _steps(json.loads((anchored_run / "trainer_state.json").read_text())["log_history"])
+    assert [line for line in output.splitlines() if line.startswith("step 2/2") and "kl_to_base " in line]
     assert anchored[1]["kl_to_base"] == 0.0
     assert anchored[1]["loss"] == pytest.approx(plain[1]["loss"], rel=1e-6, abs=0)
     assert anchored[2]["kl_to_base"] > 0
@@ -182,3 +190,18 @@ def test_a_resumed_run_keeps_the_anchor(tiny_model_dir, alpaca_file, tmp_path):
     _run("sft", tiny_model_dir, alpaca_file, out, "--max-steps", "2", "--save-steps", "1", *same)
     steps = _steps(_run("sft", tiny_model_dir, alpaca_file, out, "--max-steps", "3", "--resume", *same))
     assert set(steps) == {1, 2, 3} and steps[3]["kl_to_base"] > 0
+
+
+def test_kl_to_base_reaches_tensorboard_every_step(tiny_model_dir, alpaca_file, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, extra = tmp_path / "o", ["--max-steps", "3", "--kl-to-base", "1", "--report-to", "tensorboard"]
+    steps = _steps(_run("sft", tiny_model_dir, alpaca_file, out, *extra))
+    scalars = {}
+    for events in out.rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        if "train/kl_to_base" in acc.Tags()["scalars"]:
+            scalars.update({e.step: e.value for e in acc.Scalars("train/kl_to_base")})
+    assert sorted(scalars) == [1, 2, 3]
+    assert all(scalars[s] == pytest.approx(steps[s]["kl_to_base"], rel=1e-6, abs=1e-12) for s in scalars)
