@@ -121,12 +121,26 @@ def _sums(model, base, batch) -> tuple[float, float, int]:
     return ce.item(), kl.item(), int(mask.sum())
 
 
-@pytest.mark.parametrize("accum", [1, 2])
+@pytest.fixture
+def chat_file(tmp_path):
+    """Conversations: the loss (and so the KL) is on the assistant's turns only."""
+    rows = [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Add {i} and {i + 1}."},
+                      {"role": "assistant", "content": f"The sum is {2 * i + 1}."}]}
+        for i in range(32)
+    ]  # fmt: skip
+    p = tmp_path / "chat.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+@pytest.mark.parametrize("accum, data", [(1, "alpaca"), (2, "alpaca"), (1, "chat")])
 def test_a_later_steps_logged_loss_is_ce_plus_beta_kl_from_the_logits(
-    accum, tiny_model_dir, alpaca_file, tmp_path, monkeypatch
+    accum, data, tiny_model_dir, alpaca_file, chat_file, tmp_path, monkeypatch
 ):
     """The loss logged at step 3 = CE(model after step 2) + β × KL(base ‖ model after step 2), token means over step
-    3's batch (its micro-batches together under gradient accumulation)."""
+    3's batch (its micro-batches together under gradient accumulation), on the positions the LM loss is on: the
+    completions of Alpaca rows, the assistant's turns of conversations."""
     from transformers import AutoModelForCausalLM
 
     batches = []
@@ -139,8 +153,10 @@ def test_a_later_steps_logged_loss_is_ce_plus_beta_kl_from_the_logits(
     monkeypatch.setattr(KLToBaseMixin, "compute_loss", spy)
     beta, out = 0.7, tmp_path / "o"
     extra = ["--max-steps", "3", "--save-steps", "2", "--kl-to-base", str(beta), "--grad-accum", str(accum)]
-    steps = _steps(_run("sft", tiny_model_dir, alpaca_file, out, *extra))
+    steps = _steps(_run("sft", tiny_model_dir, {"alpaca": alpaca_file, "chat": chat_file}[data], out, *extra))
     assert len(batches) == 3 * accum
+    labels = batches[-1]["labels"]
+    assert 0 < int((labels != -100).sum()) < int(batches[-1]["attention_mask"].sum())  # a masked loss
     model = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2").eval()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     ce, kl, n = (sum(x) for x in zip(*(_sums(model, base, b) for b in batches[2 * accum :])))
