@@ -160,6 +160,7 @@ def run(sft_run, tmp_path):
         (["--llrd-bottom-scale", "0.5", "--train-on-prompt"], "train_on_prompt"),
         (["--llrd-bottom-scale", "0.5", "--replay-dataset", "{data}", "--replay-ratio", "0.25"], "replay_dataset"),
         (["--llrd-bottom-scale", "0.5", "--model-arg", "attn_implementation=eager"], "model_args"),
+        (["--llrd-bottom-scale", "0.5", "--kl-to-base", "0.1"], "kl_to_base"),
     ],
 )
 def test_resume_refuses_a_different_run_naming_the_field(run, tiny_model_dir, change, field):

@@ -78,7 +78,7 @@ def setup(ctx: Context) -> Setup:
             **ref_source,
             "converted_to": ref_path,
         }
-    info = _info(cfg, spec, model, plan, prepared, source, ctx)
+    info = _info(cfg, spec, model, plan, prepared, source, ctx, trainer_models.get("kl_base"))
     return Setup(
         cfg=cfg, model=model, tokenizer=tokenizer, prepared=prepared, plan=plan, info=info, notes=notes,
         resolved=resolved, model_path=model_path, trainer_models=trainer_models,
@@ -140,7 +140,19 @@ def _trainer_models(cfg: RunConfig, spec: CommandSpec, model, ref_path, precisio
         out["teacher_model"] = _teacher(cfg, ref_path, precision)
     if spec.rewards:
         out["reward_funcs"] = list(rewards or [])
+    if (kl_base := _kl_base(cfg, model)) is not None:
+        out["kl_base"] = kl_base  # the trainer's KL anchor pops it (training/kl_to_base.py)
     return out
+
+
+def _kl_base(cfg: RunConfig, model):
+    """--kl-to-base without LoRA: a frozen copy of the starting model, in eval mode (never in the optimizer). None at
+    β = 0 (nothing is built) and under LoRA (the base is then the model with its adapters disabled)."""
+    import copy
+
+    if not cfg.kl_to_base or cfg.lora_r:
+        return None
+    return copy.deepcopy(model).requires_grad_(False).eval()
 
 
 def _resolve_models(cfg: RunConfig, spec: CommandSpec):
@@ -251,11 +263,12 @@ def gguf_note(source: dict) -> str | None:
     return gguf.low_bit_note(source)
 
 
-def _info(cfg: RunConfig, spec: CommandSpec, model, plan, prepared, source, ctx: Context) -> dict:
+def _info(cfg: RunConfig, spec: CommandSpec, model, plan, prepared, source, ctx: Context, kl_base=None) -> dict:
     """The banner's rows: what trains on what (the command's own rows from its spec)."""
     from posttrainllm import models
     from posttrainllm.data import describe, pipeline
     from posttrainllm.lifecycle import device_name
+    from posttrainllm.training.kl_to_base import banner_row
 
     n_total = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -272,6 +285,7 @@ def _info(cfg: RunConfig, spec: CommandSpec, model, plan, prepared, source, ctx:
         else None,
         **(spec.rows(cfg) if spec.rows is not None else {}),  # e.g. DPO, GRPO, distill, packing
         "replay": pipeline.replay_row(cfg, prepared),
+        "KL to base": banner_row(cfg, kl_base),
         "precision": f"{ctx.precision} on {device_name()} ({models.precision_reason(cfg.precision, ctx.precision)})",
         "recipe": cfg.recipe,
         "output": cfg.output_dir + (f" (resuming from {ctx.resume_from.name})" if ctx.resume_from else ""),

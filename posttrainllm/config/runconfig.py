@@ -84,6 +84,7 @@ class RunConfig:
     replay_ratio: float = 0.0
     self_replay: int = 0
     self_replay_batch_size: int = 16
+    kl_to_base: float = 0.0
     save_steps: int = 200
     save_total_limit: int = 2
     logging_steps: int = 10

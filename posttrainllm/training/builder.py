@@ -11,6 +11,7 @@ from posttrainllm.commands.spec import load
 from posttrainllm.errors import DataError
 from posttrainllm.planning import length_advice
 from posttrainllm.training.args import trainer_config
+from posttrainllm.training.kl_to_base import KLToBaseMixin, kl_to_base_kwargs
 from posttrainllm.training.mixins import (
     DivergenceGuardMixin,
     EngineMixin,
@@ -26,11 +27,13 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def trainer_class(base: type, samples: bool) -> type:
+def trainer_class(base: type, samples: bool, anchored: bool = False) -> type:
     """`base` (a transformers/TRL trainer class) with posttrainllm's mixins in front: FSDP2 on CPU, the divergence
-    guard, the plan's groups through create_optimizer, and (`samples`: TRL's RepeatSampler) the resumed order. One
-    class per trainer class; the plan is a constructor argument (`llrd_plan=`), never part of the class."""
-    mixins = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((ResumedOrderMixin,) if samples else ())
+    guard, the plan's groups through create_optimizer, (`anchored`: --kl-to-base) the KL anchor's loss, and
+    (`samples`: TRL's RepeatSampler) the resumed order. One class per trainer class; the plan and the anchor's base
+    are constructor arguments (`llrd_plan=`, `kl_base=`), never part of the class."""
+    mixins: tuple[type, ...] = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((KLToBaseMixin,) if anchored else ())
+    mixins += (ResumedOrderMixin,) if samples else ()
 
     class Trainer(*mixins, base):  # type: ignore[misc]
         pass
@@ -56,15 +59,17 @@ def build_trainer(
     """The command's trainer (`spec.trainer`) with the mixins and the run's plan. `args`: the run's trainer config
     (posttrainllm/lifecycle.py builds it once); without it, one is built here from `cfg` and `precision` (library
     use). `trainer_models`: the trainer's own models and rewards by its keywords (ref_model for dpo/kto,
-    reward_funcs for grpo/rloo, teacher_model for distill), never in the optimizer."""
+    reward_funcs for grpo/rloo, teacher_model for distill; kl_base for --kl-to-base: the frozen base, absent under
+    LoRA, where the base is the adapter-disabled model), never in the optimizer."""
     conf = args if args is not None else trainer_config(spec, cfg, precision, has_eval=eval_ds is not None)
     common = dict(
         args=conf, train_dataset=train, eval_dataset=eval_ds, processing_class=tokenizer, callbacks=list(callbacks)
     )
     if spec.collator is not None:
         common["data_collator"] = load(spec.collator)
-    cls = trainer_class(load(spec.trainer), spec.samples)
-    trainer = cls(model=model, llrd_plan=plan, **trainer_models, **common)
+    kl = kl_to_base_kwargs(cfg, trainer_models.pop("kl_base", None))  # {} at β = 0: no mixin, the plain trainer
+    cls = trainer_class(load(spec.trainer), spec.samples, bool(kl))
+    trainer = cls(model=model, llrd_plan=plan, **trainer_models, **kl, **common)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     plain, bars = _log_callbacks()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from posttrainllm.config.checks import (
     LANGUAGE_MODELS,
     fraction_below_one,
+    non_negative,
     non_negative_int,
     positive_int,
 )
@@ -76,6 +77,20 @@ FORGETTING: tuple[Opt, ...] = (
         commands=("sft", "finetune"),
         check=positive_int,
         metavar="N",
+        panel="Forgetting",
+    ),
+    Opt(
+        name="kl_to_base",
+        type=float,
+        default=0.0,
+        help="KL anchor to the starting model: loss = the LM loss + β × the mean per-token KL(base ‖ model) over the "
+        "tokens the loss is on; logged as kl_to_base. The base is a frozen copy of the model (its weights once "
+        "more in memory), or with --lora-r the model with its adapters off (no copy); either way one extra "
+        "forward per step. 0 (default): off. sft and finetune only (dpo's and kto's --beta already anchor to "
+        "their reference).",
+        commands=("sft", "finetune"),
+        check=non_negative,
+        metavar="BETA",
         panel="Forgetting",
     ),
 )
