@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -65,8 +66,8 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
 
 
 def grid(seeds: list[int], lrs: list[str]) -> list[dict]:
-    """Middle LR first in both settings, then the others: the best LR of each setting shows as early as it can."""
-    order = sorted(lrs, key=lambda lr: abs(float(lr) - 1e-4))
+    """The LR nearest 1e-4 first in both settings, then the higher ones (where forgetting shows), then the lower."""
+    order = sorted(lrs, key=lambda lr: (abs(float(lr) - 1e-4) > 1e-12, float(lr) < 1e-4, abs(float(lr) - 1e-4)))
     return [
         dict(name=f"{setting}-flat-lr{lr}-s{seed}", setting=setting, lr=lr, seed=seed)
         for seed in seeds
@@ -131,7 +132,7 @@ def in_domain(run_dir: Path) -> float | None:
     if not path.is_file():
         return None
     res = json.loads(path.read_text())
-    return res.get("eval_loss")
+    return (res.get("train") or {}).get("eval_loss", res.get("eval_loss"))
 
 
 def report(out: Path, cells: list[dict]) -> str:
@@ -154,7 +155,7 @@ def report(out: Path, cells: list[dict]) -> str:
             if "perplexity" in b:
                 cols.append(f"{100 * (r['perplexity'] / b['perplexity'] - 1):+.1f}% / KL {r.get('kl', 0):.4f}")
             else:
-                cols.append(f"{r['loss'] - b['loss']:+.4f} / KL {r.get('kl') or 0:.4f}")
+                cols.append(f"{r['loss'] - b['loss']:+.4f} loss ({100 * (math.exp(r['loss'] - b['loss']) - 1):+.1f}% PPL)")
         wall = (run_dir / "study_wall_s.txt").read_text().strip() if (run_dir / "study_wall_s.txt").is_file() else ""
         state_file = run_dir / "trainer_state.json"
         state = json.loads(state_file.read_text()) if state_file.is_file() else {}

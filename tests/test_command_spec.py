@@ -182,7 +182,7 @@ def test_the_plan_is_a_constructor_argument_not_a_class_attribute(tiny_model_dir
     )
     assert trainer.llrd_plan is plan
     assert not any("llrd_plan" in vars(c) for c in type(trainer).__mro__)
-    assert type(trainer) is trainer_class(Trainer, False)  # one class per trainer class, made once and reused
+    assert type(trainer) is trainer_class(Trainer, False, False)  # one class per trainer class, made once and reused
 
 
 def test_a_run_builds_its_trainer_config_once_and_checks_trainer_args_once(

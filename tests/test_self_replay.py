@@ -246,8 +246,9 @@ def test_a_new_run_reuses_samples_of_the_same_settings_and_draws_for_others(tiny
 def test_samples_left_by_a_failed_start_are_pre_training_records(tmp_path):
     from posttrainllm.rundir import outdir
 
-    for name in (RUN_CONFIG, "param_groups.json", SELF_REPLAY, SELF_REPLAY_SETTINGS):
+    for name in ("param_groups.json", SELF_REPLAY, SELF_REPLAY_SETTINGS):
         (tmp_path / name).write_text("{}")
+    (tmp_path / RUN_CONFIG).write_text(json.dumps({"command": "sft"}))  # what a start writes: a run of posttrainllm's
     assert outdir.only_pre_training_records(tmp_path) and outdir.foreign(tmp_path) == []
     (tmp_path / "notes.txt").write_text("the user's")
     assert not outdir.only_pre_training_records(tmp_path) and outdir.foreign(tmp_path) == ["notes.txt"]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def trainer_class(base: type, samples: bool, anchored: bool = False) -> type:
+def trainer_class(base: type, samples: bool, anchored: bool) -> type:
     """`base` (a transformers/TRL trainer class) with posttrainllm's mixins in front: FSDP2 on CPU, the divergence
     guard, the plan's groups through create_optimizer, (`anchored`: --kl-to-base) the KL anchor's loss, and
     (`samples`: TRL's RepeatSampler) the resumed order. One class per trainer class; the plan and the anchor's base

@@ -16,6 +16,7 @@ EVERYWHERE: tuple[Opt, ...] = (
         metavar="FILE|NAME",
         panel="Run",
         recipe=False,
+        input=PATH,
     ),
     Opt(
         name="debug",
@@ -25,6 +26,5 @@ EVERYWHERE: tuple[Opt, ...] = (
         commands=ALL_COMMANDS,
         panel="Run",
         recipe=False,
-        input=PATH,
     ),
 )
