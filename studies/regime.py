@@ -155,7 +155,9 @@ def report(out: Path, cells: list[dict]) -> str:
             if "perplexity" in b:
                 cols.append(f"{100 * (r['perplexity'] / b['perplexity'] - 1):+.1f}% / KL {r.get('kl', 0):.4f}")
             else:
-                cols.append(f"{r['loss'] - b['loss']:+.4f} loss ({100 * (math.exp(r['loss'] - b['loss']) - 1):+.1f}% PPL)")
+                cols.append(
+                    f"{r['loss'] - b['loss']:+.4f} loss ({100 * (math.exp(r['loss'] - b['loss']) - 1):+.1f}% PPL)"
+                )
         wall = (run_dir / "study_wall_s.txt").read_text().strip() if (run_dir / "study_wall_s.txt").is_file() else ""
         state_file = run_dir / "trainer_state.json"
         state = json.loads(state_file.read_text()) if state_file.is_file() else {}
