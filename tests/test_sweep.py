@@ -305,3 +305,29 @@ def test_a_sweep_with_merges_puts_every_merge_on_one_frontier_and_skips_them_whe
 def test_merges_in_a_sweep_need_an_eval_dataset_file(tiny_model_dir, alpaca_file, ood_file, tmp_path):
     r = runner.invoke(app, [*_grid(tiny_model_dir, alpaca_file, ood_file, tmp_path / "s"), "--merge-alpha", "0.5"])
     assert r.exit_code == 2 and "--merge-alpha needs --eval-dataset" in r.output
+
+
+@pytest.mark.smoke
+def test_a_sweep_over_the_kl_anchor_and_self_replay_labels_each_method_and_skips_them_when_run_again(
+    tiny_model_dir, alpaca_file, ood_file, tmp_path
+):
+    out = tmp_path / "sweep"
+    args = [
+        "sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--eval-split", "0.25",
+        "--ood-eval", str(ood_file), "--lr", "3e-3", "--max-steps", "3", "--batch-size", "4", "--max-length", "128",
+        "--output-dir", str(out), "--kl-to-base", "0,1", "--self-replay", "0,4", "--replay-ratio", "0,0.25",
+    ]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    result = json.loads((out / "results.json").read_text())
+    assert not result["failed"] and len(result["cells"]) == 4
+    methods = {row["method"] for row in result["summary"]}
+    assert methods == {"flat", "flat + KL β=1", "flat + self-replay 4 @0.25", "flat + self-replay 4 @0.25 + KL β=1"}
+    for c in result["cells"]:  # each cell ran with its own settings
+        cfg = json.loads((out / "cells" / c["cell"] / "run_config.json").read_text())
+        assert cfg["kl_to_base"] == c["kl_to_base"] and cfg["self_replay"] == c["self_replay"]
+        assert (out / "cells" / c["cell"] / "self_replay.jsonl").is_file() == bool(c["self_replay"])
+    table = (out / "results.md").read_text()
+    assert all(m in table for m in methods)
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "4 already done, 0 to run" in again.output
