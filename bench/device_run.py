@@ -38,12 +38,12 @@ SIZES = {
     "real": dict(
         hidden=1536, blocks=16, batch=8, length=1024, steps=30, reps=2, precision="bf16", perf_timeout=270,
         pre_hidden=768, pre_blocks=12, pre_steps=1500, pre_batch=32, sft_steps=150, lrs="3e-5,1e-4,3e-4",
-        study_timeout=270, chars=400_000,
+        gammas="1.0,0.9", kls="0,0.1", merge_gammas="1.0,0.9", study_timeout=270, chars=400_000,
     ),
     "dry": dict(
         hidden=64, blocks=2, batch=2, length=64, steps=2, reps=1, precision="fp32", perf_timeout=100,
-        pre_hidden=32, pre_blocks=2, pre_steps=4, pre_batch=4, sft_steps=2, lrs="1e-3,3e-3",
-        study_timeout=120, chars=20_000,
+        pre_hidden=32, pre_blocks=2, pre_steps=4, pre_batch=4, sft_steps=2, lrs="3e-3", gammas="1.0",
+        kls="0,0.1", merge_gammas="1.0", study_timeout=100, chars=20_000,
     ),
 }  # fmt: skip
 
@@ -124,8 +124,8 @@ def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
     ]
     sw = run(
         [*cli, "sweep", "sft", "--model", str(base), "--dataset", str(data / "alpaca_train.json"), "--eval-dataset",
-         str(data / "alpaca_val.json"), *ood, "--output-dir", str(sweep_dir), "--lr", s["lrs"], "--llrd", "1.0,0.9",
-         "--kl-to-base", "0,0.1", "--merge-alpha", "1.0,0.5", "--merge-llrd", "1.0,0.9", "--max-steps",
+         str(data / "alpaca_val.json"), *ood, "--output-dir", str(sweep_dir), "--lr", s["lrs"], "--llrd", s["gammas"],
+         "--kl-to-base", s["kls"], "--merge-alpha", "1.0,0.5", "--merge-llrd", s["merge_gammas"], "--max-steps",
          str(s["sft_steps"]), "--batch-size", "8", "--max-length", "256", "--save-steps", "100000",
          "--discard-weights"],
         out / "sweep.log", left, env,

@@ -305,12 +305,25 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
             banner.print_drift(drift_report)
 
 
+def peak_memory() -> int:
+    """The run's peak memory in bytes: the GPU's allocated peak on a GPU, else the process's peak RSS."""
+    import resource
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
 def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, drift_report, t0) -> dict | None:
     """trainer_state.json, eval_results.json (with forgetting and drift), the model card, then the final marker."""
     cfg = s.cfg
     out = Path(cfg.output_dir)
     trainer.state.save_to_json(str(out / "trainer_state.json"))
-    results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2)}
+    results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2), "peak_memory_bytes": peak_memory()}
     report = None
     if before is not None:
         from posttrainllm.evaluate import forgetting_report

@@ -76,10 +76,14 @@ def _run_cell(spec: SweepSpec, cell: Cell, job: int) -> dict:
         return {"cell": cell.name, "failed": True, "exit_code": rc, "error": tail[0][:300], "log": str(log)}
     record = _record(spec, cell, d, time.time() - t0)
     (d / "sweep_cell.json").write_text(json.dumps(record, indent=2))
-    if spec.discard_weights:
-        for f in d.glob("*.safetensors"):
-            f.unlink()
+    if spec.discard_weights and not spec.merges():  # with merges: once they are measured (_merges)
+        _discard_weights(d)
     return record
+
+
+def _discard_weights(cell_dir: Path) -> None:
+    for f in cell_dir.glob("*.safetensors"):
+        f.unlink()
 
 
 def _record(spec: SweepSpec, cell: Cell, d: Path, seconds: float) -> dict:
@@ -183,9 +187,11 @@ def _merges(spec: SweepSpec, cells: list[Cell], records: dict, failed: list, ech
             pool.submit(run_merges, spec, cell, records[cell.name], _env_for(i % spec.jobs, spec.jobs))
             for i, cell in enumerate(cells)
         ]
-        for fut in futures:
+        for cell, fut in zip(cells, futures):
             merged, bad = fut.result()
             out += merged
+            if spec.discard_weights and not bad:  # measured: the cell's weights can go now
+                _discard_weights(spec.output_dir / "cells" / cell.name)
             failed += bad
             for f in bad:
                 echo(f"{f['cell']}: FAILED (exit {f['exit_code']}): {f['error']}")

@@ -1,0 +1,34 @@
+"""bench/device_run.py, the prepared GPU run, cannot rot: its dry mode (CPU, tiny sizes) runs both parts end to end
+and writes its summaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SHARED_DATA
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "alpaca_en_demo.json").is_file(), reason="../shared/data is absent")
+def test_the_device_script_dry_mode_runs_both_parts(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "device_run.py"), str(tmp_path / "out"), "--dry-run"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    perf = summary["performance"]
+    assert set(perf["rows"]) == {"llrd", "flat", "packed", "trl"}
+    assert all(row["tokens_per_s"] > 0 for row in perf["rows"].values())
+    assert perf["rows"]["flat"]["peak_memory_gb"] > 0  # the run's own record of its peak
+    methods = {row["method"] for row in summary["evidence"]["summary"]}
+    assert {"flat", "flat + KL β=0.1", "merge α=0.5 of flat"} <= methods
+    assert "## Evidence" in (tmp_path / "out" / "summary.md").read_text()
