@@ -67,7 +67,7 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
         return
     if s.after_plan is not None and is_rank0():
         s.after_plan(run_dir)
-    before = ood_eval(s.model, s.tokenizer, s.cfg) if s.cfg.ood_eval else None
+    before = ood_before(s, precision) if s.cfg.ood_eval else None
     conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, loss mask
     train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before)
 
@@ -137,6 +137,42 @@ def ood_eval(model, tokenizer, cfg: RunConfig, reference=None) -> dict:
     # grpo / rloo / distill have no --max-length: their held-out text is read in windows of eval's default length
     window = cfg.max_length or DEFAULT_WINDOW
     return evaluate_files(model, tokenizer, list(cfg.ood_eval), window, progress=is_rank0(), reference=reference)
+
+
+def _cache_args(cfg: RunConfig, model_path: str | None, model) -> dict | None:
+    """--eval-cache on one process: where the base's held-out evaluation is kept and what identifies the base (what
+    its directory holds, and the dtype it is scored in). None: no cache (or several ranks: each scores its own)."""
+    from posttrainllm.evaluate.base_cache import base_identity
+    from posttrainllm.rundir.layout import world_size
+
+    if not cfg.eval_cache or world_size() > 1:
+        return None
+    return {"cache_dir": cfg.eval_cache, "base_identity": base_identity(model_path or cfg.model, model)}
+
+
+def ood_before(s: Setup, precision: str) -> dict:
+    """The base's held-out results: from --eval-cache when it holds them (else scored now, the model still being the
+    base, and kept there), or scored now."""
+    cached = _cache_args(s.cfg, s.model_path, s.model)
+    if cached is None:
+        return ood_eval(s.model, s.tokenizer, s.cfg)
+    from posttrainllm.evaluate.base_cache import base_results
+
+    window = s.cfg.max_length or DEFAULT_WINDOW
+    return base_results(lambda: s.model, s.tokenizer, list(s.cfg.ood_eval), window, **cached)
+
+
+def ood_after(s: Setup, model, precision: str) -> dict:
+    """The tuned model's held-out results with the KL to the base: from the cached base (one forward per batch, the
+    base not loaded), or against the base loaded again."""
+    cached = _cache_args(s.cfg, s.model_path, model)
+    if cached is None:
+        reference = kl_reference(s.cfg, s.model_path, precision)
+        return ood_eval(model, s.tokenizer, s.cfg, reference=reference)
+    from posttrainllm.evaluate.base_cache import results_against_base
+
+    window = s.cfg.max_length or DEFAULT_WINDOW
+    return results_against_base(model, s.tokenizer, list(s.cfg.ood_eval), window, progress=None, **cached)
 
 
 def kl_reference(cfg: RunConfig, model_path: str | None, precision: str):
@@ -291,9 +327,7 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
         drift_report = drift.measure(trainer.model, baseline, s.plan)  # every rank: FSDP gathers sharded tensors
     after = None
     if before is not None:  # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
-        reference = kl_reference(cfg, s.model_path, precision)
-        after = ood_eval(trainer.model, s.tokenizer, cfg, reference=reference)
-        del reference
+        after = ood_after(s, trainer.model, precision)
     report = None
     if trainer.is_world_process_zero():
         report = _write_records(s, trainer, metrics, sizes, run_dir, before, after, drift_report, t0)

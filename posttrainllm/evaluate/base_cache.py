@@ -38,6 +38,16 @@ from posttrainllm.errors import DataError
 DEFAULT_TOP_K = 256
 _VERSION = 1
 _IDX, _LOGP, _TAIL, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_logp.bin", "result.json"
+RECORDED = "recorded.jsonl"
+
+
+def base_identity(model_path: str, model) -> dict:
+    """What identifies a base for the cache: what its directory (or file) holds, and the dtype it is scored in (the
+    model given is the base, or one loaded the same way)."""
+    from posttrainllm.rundir.fingerprint import input_identity
+
+    dtype = next((str(p.dtype) for p in model.parameters()), "?")
+    return {"model": input_identity(model_path) or model_path, "dtype": dtype}
 
 
 def entry_key(base_identity, text_path: str, max_length: int, top_k: int) -> str:
@@ -162,6 +172,8 @@ def record(cache_dir: Path, key: str, top_k: int, score) -> tuple[Path, dict]:
         result = score(rec)  # _score_batches enters and leaves the recorder
         meta = {"k": min(top_k, rec.vocab or top_k), "vocab": rec.vocab, "positions": rec.positions, "result": result}
         (tmp / _RESULT).write_text(json.dumps(meta))
+        with open(cache_dir / RECORDED, "a") as log:  # one line per time the base was scored: what a frontier cost
+            log.write(json.dumps({"key": key, "positions": rec.positions, "pid": os.getpid()}) + "\n")
         try:
             os.replace(tmp, cache_dir / key)
         except OSError:  # another process finished the same entry first: theirs is as good

@@ -114,6 +114,18 @@ def _mark_frontier(points: list[dict]) -> None:
         p["frontier"] = not any(key(q) != a and key(q)[0] <= a[0] and key(q)[1] <= a[1] for q in points)
 
 
+def _cache_args(cfg: RunConfig, base_dir, base_model, texts: list[str]) -> dict | None:
+    from posttrainllm.evaluate.base_cache import base_identity
+
+    if not cfg.eval_cache or not texts:
+        return None
+    return {
+        "cache_dir": cfg.eval_cache,
+        "base_identity": base_identity(str(base_dir), base_model),
+        "batch_size": cfg.eval_batch_size,
+    }
+
+
 def measure_and_report(
     cfg: RunConfig, base_dir, merged: Sequence[tuple[float, object]], results_path, schedule: dict, examples
 ):
@@ -123,17 +135,26 @@ def measure_and_report(
     import gc
 
     from posttrainllm.evaluate import load_for_eval
+    from posttrainllm.evaluate.base_cache import base_results, results_against_base
 
     base_model, tokenizer = load_for_eval(str(base_dir), trust_remote_code=cfg.trust_remote_code)
     recorder = _Recorder(base_model)
     texts = list(cfg.ood_eval or [])
-    base = _evaluate(recorder, tokenizer, cfg, texts, None)  # the held-out texts, their logits kept
+    cached = _cache_args(cfg, base_dir, base_model, texts)
+    if cached is not None:  # --eval-cache: the base from the cache (scored there once per frontier)
+        base = base_results(lambda: base_model, tokenizer, texts, cfg.max_length, **cached)
+    else:
+        base = _evaluate(recorder, tokenizer, cfg, texts, None)  # the held-out texts, their logits kept
     if examples is not None:
         base.update(_evaluate(base_model, tokenizer, cfg, [], examples))
     points = [{**_point("base", 0.0, base, base, None), "kl": 0.0 if texts else None}]
     for alpha, model_dir in merged:
         model, _ = load_for_eval(str(model_dir), trust_remote_code=cfg.trust_remote_code)
-        results = _evaluate(model, tokenizer, cfg, texts, examples, reference=recorder.replay())
+        if cached is not None:
+            results = _evaluate(model, tokenizer, cfg, [], examples)
+            results.update(results_against_base(model, tokenizer, texts, cfg.max_length, **cached))
+        else:
+            results = _evaluate(model, tokenizer, cfg, texts, examples, reference=recorder.replay())
         kept = None if cfg.discard_weights else str(model_dir)
         points.append(_point(f"alpha={alpha:g}", alpha, results, base, kept))
         del model

@@ -45,6 +45,7 @@ FREE = frozenset(
         "eval_steps",
         "report_to",
         "ood_eval",
+        "eval_cache",
         "output_dir",
         "dataset_num_proc",
         "ddp_timeout",

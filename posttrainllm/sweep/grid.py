@@ -12,6 +12,7 @@ from posttrainllm.errors import ConfigErrors, PosttrainError, UsageError
 
 SWEEP_COMMANDS = ("sft", "dpo", "finetune")
 NEAR_BEST = 0.01  # "within 1% of the best eval loss"
+EVAL_CACHE_FLAG = "--eval-cache"  # set by the sweep for its cells and merges; not part of a cell's identity
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,11 @@ class SweepSpec:
             if not (n and r == 0) and not (r and not n and not has_pool and any(self.self_replays))
         ]
 
+    @property
+    def eval_cache(self) -> Path:
+        """Where every cell and merge of the sweep finds the base's held-out evaluation (scored once per text)."""
+        return self.output_dir / "base_eval"
+
     def merges(self) -> list[Merge]:
         """The merges measured for every trained cell (α = 1 with γ = 1 is the cell itself and is not repeated)."""
         return [Merge(a, g) for a in self.merge_alphas for g in self.merge_gammas if (a, g) != (1.0, 1.0)]
@@ -122,6 +128,8 @@ class SweepSpec:
             "--output-dir",
             str(self.output_dir / "cells" / cell.name),
         ]
+        if _value(self.passthrough, "--ood-eval") is not None and _value(self.passthrough, "--eval-cache") is None:
+            args += [EVAL_CACHE_FLAG, str(self.eval_cache)]
         if cell.gamma != 1.0:
             args += ["--llrd", f"{cell.gamma:g}"]
         if cell.replay_ratio > 0:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posttrainllm.sweep.grid import Cell, Merge, SweepSpec, _value
+from posttrainllm.sweep.grid import Cell, Merge, SweepSpec, _value, _without
 
 # the cell's options a merge's measurement takes too (the window, the batch, remote code)
 _PASSED = ("--max-length", "--eval-batch-size")
@@ -48,11 +48,12 @@ def merge_argv(spec: SweepSpec, cell: Cell, gamma: float) -> list[str]:
             args += [flag, v]
     if "--trust-remote-code" in spec.passthrough:
         args.append("--trust-remote-code")
+    args += ["--eval-cache", _value(spec.passthrough, "--eval-cache") or str(spec.eval_cache)]
     return args
 
 
 def _fingerprint(argv: list[str], cell_record: dict) -> str:
-    blob = json.dumps({"argv": argv, "cell": cell_record.get("fingerprint")})
+    blob = json.dumps({"argv": _without(argv, "--eval-cache"), "cell": cell_record.get("fingerprint")})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -13,13 +13,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from posttrainllm.sweep.grid import Cell, SweepSpec
+from posttrainllm.sweep.grid import EVAL_CACHE_FLAG, Cell, SweepSpec, _without
 from posttrainllm.sweep.results import plot_frontier, recommend, summarize, write_markdown
 
 
 # ------------------------------------------------------------------------------------------------ running
 def _fingerprint(spec: SweepSpec, cell: Cell) -> str:
-    return hashlib.sha256(json.dumps(spec.argv(cell)).encode()).hexdigest()[:16]
+    """The cell's settings: its command line less where the base's evaluation is cached (which changes no result),
+    so cells of sweeps from before the cache keep their fingerprints."""
+    return hashlib.sha256(json.dumps(_without(spec.argv(cell), EVAL_CACHE_FLAG)).encode()).hexdigest()[:16]
 
 
 def _cell_done(spec: SweepSpec, cell: Cell) -> dict | None:

@@ -23,6 +23,19 @@ FORGETTING: tuple[Opt, ...] = (
         input=PATH,
     ),
     Opt(
+        name="eval_cache",
+        type=str,
+        default=None,
+        help="Folder where the base's held-out evaluation (--ood-eval) is kept and reused: the base is scored once "
+        "per text and window, and every later run from the same base takes its perplexity from there and computes "
+        "its KL in one forward (over the base's top 256 tokens plus the rest lumped together: a lower bound of the "
+        "exact KL, equal to it for a vocabulary of at most 256 tokens). posttrainllm sweep sets it for its cells "
+        "and merges. One process only (several ranks score the base themselves).",
+        commands=LANGUAGE_MODELS,
+        metavar="DIR",
+        panel="Forgetting",
+    ),
+    Opt(
         name="train_on_prompt",
         type=bool,
         default=False,

@@ -155,6 +155,16 @@ MERGE: tuple[Opt, ...] = (
         input=PATH,
     ),
     Opt(
+        name="eval_cache",
+        type=str,
+        default=None,
+        help="Folder where the base's held-out evaluation is kept and reused across merges and runs (see sft's "
+        "--eval-cache); posttrainllm sweep sets it.",
+        commands=_CMD,
+        metavar="DIR",
+        panel="Evaluation",
+    ),
+    Opt(
         name="max_length",
         type=int,
         default=512,
