@@ -189,8 +189,21 @@ def text_file(tmp_path):
     return p
 
 
+# ------------------------------------------------------------------------ the layout: tests/e2e is the smoke set
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e trains a tiny model or launches processes: it is marked `smoke`, so that
+    `-m "not slow and not smoke"` is the fast set (tests/unit and tests/cli less their marked tests)."""
+    for item in items:
+        if E2E in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.smoke)
+
+
 # ------------------------------------------------------------------------ the suite leaves the checkout as it was
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent  # on sys.path (pyproject: pythonpath), so every folder imports conftest
 _NOT_OURS = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 

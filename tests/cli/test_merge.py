@@ -498,7 +498,7 @@ def test_peak_memory_of_a_merge_is_a_small_part_of_one_model(tmp_path):
     size = (big[0] / "model.safetensors").stat().st_size
     assert size > 250e6
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).resolve().parents[1])
     proc = subprocess.run(
         [sys.executable, "-c", _RSS_SCRIPT, *map(str, (*small, *big)), str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env, cwd=tests,

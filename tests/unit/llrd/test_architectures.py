@@ -7,98 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from families import BASE, DECODER, FAMILIES, GAMMA, N, expected_scale
 from torch import nn
 
 from posttrainllm.llrd import TIED_POLICIES, BlockStructureError, build_param_groups
 
-BASE, GAMMA, N = 1e-3, 0.8, 3
-BLOCK_RE = re.compile(r"(?:layers|h|layer)\.(\d+)\.")
-LLAMA_EMB = ("model.embed_tokens.",)
-_DECODER = dict(
-    vocab_size=100,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=N,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
-
-# family -> (config kwargs, embedding-name prefixes, model kind)
-FAMILIES = {
-    "llama": (_DECODER, LLAMA_EMB, "causal"),
-    "qwen2": (_DECODER, LLAMA_EMB, "causal"),
-    "qwen3": ({**_DECODER, "head_dim": 8}, LLAMA_EMB, "causal"),
-    "mistral": (_DECODER, LLAMA_EMB, "causal"),
-    "gemma2": ({**_DECODER, "head_dim": 8, "tie_word_embeddings": True}, LLAMA_EMB, "causal"),
-    "phi3": (_DECODER, LLAMA_EMB, "causal"),
-    "gpt2": (
-        dict(vocab_size=100, n_embd=16, n_layer=N, n_head=2, n_positions=64),
-        ("transformer.wte.", "transformer.wpe."),
-        "causal",
-    ),
-    "gpt_neox": (_DECODER, ("gpt_neox.embed_in.",), "causal"),
-    "opt": (
-        dict(
-            vocab_size=100,
-            hidden_size=16,
-            ffn_dim=32,
-            num_hidden_layers=N,
-            num_attention_heads=2,
-            max_position_embeddings=64,
-            word_embed_proj_dim=8,
-            pad_token_id=0,
-        ),
-        ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "model.decoder.project_in."),
-        "causal",
-    ),
-    "falcon": (
-        dict(vocab_size=100, hidden_size=16, num_hidden_layers=N, num_attention_heads=2),
-        ("transformer.word_embeddings.",),
-        "causal",
-    ),
-    "olmo2": (_DECODER, LLAMA_EMB, "causal"),
-    "mixtral": ({**_DECODER, "num_local_experts": 2, "num_experts_per_tok": 1}, LLAMA_EMB, "causal"),
-    "qwen2_moe": (
-        {
-            **_DECODER,
-            "num_experts": 2,
-            "num_experts_per_tok": 1,
-            "moe_intermediate_size": 16,
-            "shared_expert_intermediate_size": 16,
-        },
-        LLAMA_EMB,
-        "causal",
-    ),
-    "bert": (
-        dict(
-            vocab_size=100,
-            hidden_size=16,
-            num_hidden_layers=N,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=64,
-        ),
-        ("bert.embeddings.",),
-        "mlm",
-    ),
-    "vit": (
-        dict(
-            hidden_size=16,
-            num_hidden_layers=N,
-            num_attention_heads=2,
-            intermediate_size=32,
-            image_size=8,
-            patch_size=4,
-            num_labels=3,
-        ),
-        ("vit.embeddings.",),
-        "image",
-    ),
-}
 TIED_BY_DEFAULT = {"gpt2", "gemma2", "opt", "falcon", "bert"}
 
 
@@ -115,15 +28,6 @@ def make(family):
     torch.manual_seed(0)
     auto = {"causal": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "image": AutoModelForImageClassification}
     return auto[kind].from_config(cfg)
-
-
-def expected_scale(name, prefixes, tied_name=None, policy="embedding"):
-    if name == tied_name:
-        return GAMMA ** (N - 1) if policy == "embedding" else 1.0
-    m = BLOCK_RE.search(name)
-    if m:
-        return GAMMA ** (N - 1 - int(m.group(1)))
-    return GAMMA ** (N - 1) if name.startswith(prefixes) else 1.0
 
 
 def lr_by_param(plan):
@@ -175,7 +79,7 @@ def _lora_llama(**lora_kwargs):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(**{**_DECODER, "num_hidden_layers": 4}))
+    base = LlamaForCausalLM(LlamaConfig(**{**DECODER, "num_hidden_layers": 4}))
     return get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], **lora_kwargs))
 
 

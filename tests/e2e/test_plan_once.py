@@ -136,7 +136,7 @@ def test_param_groups_json_equals_the_optimizers_groups_on_every_ddp_rank(tiny_m
     script.write_text(
         textwrap.dedent(f"""
         import json, os, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).resolve().parents[1])!r}]
         from test_plan_once import optimizer_groups
         from posttrainllm import cli
         from posttrainllm.training import LLRDMixin

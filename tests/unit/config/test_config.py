@@ -13,7 +13,7 @@ import pytest
 from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig, convert, options_for
 from posttrainllm.config import doc as config_doc
 
-OPTIONS_PAGE = Path(__file__).resolve().parents[1] / config_doc.PAGE
+OPTIONS_PAGE = Path(__file__).resolve().parents[3] / config_doc.PAGE
 
 
 def test_the_options_page_holds_the_generated_table():

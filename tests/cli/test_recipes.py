@@ -136,7 +136,7 @@ def test_every_option_is_a_recipe_key_except_run_switches():
 
 
 # ------------------------------------------------------------------ the recipes ship in the package, run by name
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_recipes_are_package_data_in_the_wheel():

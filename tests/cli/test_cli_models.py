@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import build_tokenizer
-from test_architectures import BASE, FAMILIES, GAMMA, N, expected_scale
+from families import BASE, FAMILIES, GAMMA, N, expected_scale
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app

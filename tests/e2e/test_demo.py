@@ -44,7 +44,7 @@ def test_demo_data_comes_from_this_python_install(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the README's demo table is true
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "docs" / "demo_results.json"
 
 

@@ -227,7 +227,7 @@ def test_a_long_jsonl_record_is_read_within_a_few_times_its_size(tmp_path):
     size (the whole-text tokenization this replaced needed over 100x)."""
     from pathlib import Path
 
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).resolve().parents[2])  # tests/: data_samples
     out = subprocess.run(
         [sys.executable, "-c", _LONG_RECORD_SCRIPT, tests, str(tmp_path), str(16 << 20)],
         capture_output=True,
