@@ -4,6 +4,7 @@ setting carries across depths. Closed forms from param_groups.json; errors befor
 import json
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -38,19 +39,7 @@ def _model(tmp_path, n_layers):
 def _dry_run(model, data, out, *extra):
     return runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--dry-run",
-            "--lr",
-            "1e-3",
-            *extra,
-        ],
+        cli_args("sft", model, data, out, *extra, dry_run=True, lr="1e-3"),
     )
 
 

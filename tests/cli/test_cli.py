@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -25,7 +26,7 @@ def test_help_lists_the_four_training_commands():
 def test_llrd_out_of_range_exits_2_naming_the_range(cmd, bad, tmp_path):
     r = runner.invoke(
         app,
-        [cmd, "--model", str(tmp_path), "--dataset", str(tmp_path), "--output-dir", str(tmp_path / "o"), "--llrd", bad],
+        cli_args(cmd, tmp_path, tmp_path, tmp_path / "o", llrd=bad),
     )
     assert r.exit_code == 2, r.output
     assert "[0.5, 1.0]" in r.output
@@ -82,7 +83,7 @@ def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
     import posttrainllm.commands.sft as sft
 
     monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
-    r = runner.invoke(app, ["sft", "--model", "org/model", "--dataset", "org/data", "--output-dir", "o", *argv])
+    r = runner.invoke(app, cli_args("sft", "org/model", "org/data", "o", *argv))
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == expected
 
@@ -90,23 +91,7 @@ def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
 def test_all_problems_reported_at_once():
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            "org/m",
-            "--dataset",
-            "org/d",
-            "--output-dir",
-            "o",
-            "--llrd",
-            "2",
-            "--lr",
-            "-1",
-            "--batch-size",
-            "0",
-            "--max-length",
-            "x",
-        ],
+        cli_args("sft", "org/m", "org/d", "o", llrd=2, lr="-1", batch_size=0, max_length="x"),
     )
     assert r.exit_code == 2
     for fragment in ("--llrd", "--lr", "--batch-size", "--max-length", "4 problems"):
@@ -131,7 +116,7 @@ def test_all_problems_reported_at_once():
     ],
 )
 def test_bad_values_exit_2_with_the_option_named(args, fragment):
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", "o", *args])
+    r = runner.invoke(app, cli_args("sft", "org/m", "org/d", "o", *args))
     assert r.exit_code == 2, r.output
     assert fragment in r.output
 
@@ -164,9 +149,7 @@ def test_unknown_option_exits_2():
 
 
 def test_missing_local_dataset_is_a_usage_error(tmp_path):
-    r = runner.invoke(
-        app, ["sft", "--model", "org/m", "--dataset", str(tmp_path / "nope.jsonl"), "--output-dir", str(tmp_path / "o")]
-    )
+    r = runner.invoke(app, cli_args("sft", "org/m", tmp_path / "nope.jsonl", tmp_path / "o"))
     assert r.exit_code == 2
     assert "nope.jsonl" in r.output and "does not exist" in r.output
 

@@ -7,6 +7,7 @@ import json
 import pytest
 from conftest import build_tokenizer
 from families import BASE, FAMILIES, GAMMA, N, expected_scale
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -46,23 +47,7 @@ def save_family(family, tokenizer, path):
 def dry_run(model_dir, data, out, *extra):
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model_dir),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--llrd",
-            "0.8",
-            "--lr",
-            str(BASE),
-            "--dry-run",
-            "--max-length",
-            "256",
-            *extra,
-        ],
+        cli_args("sft", model_dir, data, out, *extra, llrd="0.8", lr=BASE, dry_run=True, max_length=256),
     )
     return r
 
@@ -176,19 +161,7 @@ def test_unknown_architecture_exits_1_with_how_to_fix(tokenizer, alpaca_file, tm
     # without layer decay the structure does not matter: flat groups, exit 0
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(d),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(tmp_path / "flat"),
-            "--dry-run",
-            "--trust-remote-code",
-            "--max-length",
-            "256",
-        ],
+        cli_args("sft", d, alpaca_file, tmp_path / "flat", dry_run=True, trust_remote_code=True, max_length=256),
     )
     assert r.exit_code == 0, r.output
 
@@ -225,21 +198,7 @@ def test_max_length_beyond_learned_positions_is_clamped(tokenizer, alpaca_file, 
     )
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(tmp_path / "m"),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--max-steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--llrd",
-            "0.8",
-        ],
+        run_args("sft", tmp_path / "m", data, tmp_path / "o", steps=1, max_length=None, lr=None, llrd="0.8"),
     )
     assert r.exit_code == 0, r.output
     assert "max length 64" in r.output and "is more than the model's" not in r.output  # the default: no note

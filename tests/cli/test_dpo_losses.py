@@ -10,6 +10,7 @@ import math
 import re
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -75,7 +76,7 @@ def test_bad_losses_are_config_errors(args, fragment):
 
 
 def test_unknown_loss_type_exits_2_listing_the_valid_ones(tmp_path):
-    r = runner.invoke(app, ["dpo", "--model", "org/m", "--dataset", "org/d", "--loss-type", "dpop"])
+    r = runner.invoke(app, cli_args("dpo", "org/m", "org/d", loss_type="dpop"))
     assert r.exit_code == 2
     assert all(name in r.output for name in DPO_LOSS_TYPES) and len(r.output.strip().splitlines()) == 1
 
@@ -224,7 +225,7 @@ def test_weighted_sum_of_losses(dpo_parts):
 @pytest.mark.smoke
 def test_ipo_run_trains_and_records_its_loss(tiny_model_dir, preference_file, tmp_path):
     out = tmp_path / "o"
-    args = ["dpo", "--model", str(tiny_model_dir), "--dataset", str(preference_file), "--output-dir", str(out)]
+    args = cli_args("dpo", tiny_model_dir, preference_file, out)
     args += ["--loss-type", "ipo", "--max-steps", "2", "--batch-size", "4", "--max-length", "64", "--lr", "1e-3"]
     r = runner.invoke(app, [*args, "--logging-steps", "1", "--llrd", "0.5"])
     assert r.exit_code == 0, r.output

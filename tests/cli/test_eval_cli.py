@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -35,18 +36,7 @@ def test_eval_json_matches_independent_perplexity(tiny_model_dir, text_file, alp
     other.write_text("def f(x):\n    return x * 2\n" * 30)
     r = runner.invoke(
         app,
-        [
-            "eval",
-            "--model",
-            str(tiny_model_dir),
-            "--text",
-            str(text_file),
-            "--text",
-            str(other),
-            "--max-length",
-            "48",
-            "--json",
-        ],
+        cli_args("eval", tiny_model_dir, None, None, "--text", str(other), text=text_file, max_length=48, json=True),
     )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
@@ -56,7 +46,7 @@ def test_eval_json_matches_independent_perplexity(tiny_model_dir, text_file, alp
         assert data[path.name]["tokens"] == tokens
     r = runner.invoke(
         app,
-        ["eval", "--model", str(tiny_model_dir), "--sft-dataset", str(alpaca_file), "--max-length", "256", "--json"],
+        cli_args("eval", tiny_model_dir, sft_dataset=alpaca_file, max_length=256, json=True),
     )
     assert r.exit_code == 0, r.output
     sft = json.loads(r.stdout)["sft"]
@@ -78,25 +68,7 @@ def test_ood_eval_reports_before_and_after(tiny_model_dir, alpaca_file, text_fil
     out = tmp_path / "o"
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--max-length",
-            "256",
-            "--lr",
-            "1e-3",
-            "--ood-eval",
-            str(text_file),
-        ],
+        run_args("sft", tiny_model_dir, alpaca_file, out, batch=4, max_length=256, ood_eval=text_file),
     )
     assert r.exit_code == 0, r.output
     res = json.loads((out / "eval_results.json").read_text())["ood"][text_file.name]

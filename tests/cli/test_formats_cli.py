@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import SHARED_DATA, write_jsonl
+from harness import run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -41,21 +42,7 @@ def _file(tmp_path, name, rows):
 def _train(cmd, model, data, out):
     return runner.invoke(
         app,
-        [
-            cmd,
-            "--model",
-            str(model),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--max-length",
-            "256",
-        ],
+        run_args(cmd, model, data, out, batch=4, max_length=256, lr=None),
     )
 
 
@@ -83,23 +70,16 @@ def test_trains_on_format(cmd, name, rows, fmt, tiny_model_dir, tmp_path):
 def test_dpo_on_the_shared_sharegpt_preference_file(tiny_model_dir, tmp_path):
     r = runner.invoke(
         app,
-        [
+        run_args(
             "dpo",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(SHARED_DATA / "dpo_en_demo.json"),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--max-steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "256",
-            "--max-samples",
-            "8",
-        ],
+            tiny_model_dir,
+            SHARED_DATA / "dpo_en_demo.json",
+            tmp_path / "o",
+            steps=1,
+            max_length=256,
+            lr=None,
+            max_samples=8,
+        ),
     )
     assert r.exit_code == 0, r.output
 

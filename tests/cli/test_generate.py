@@ -4,6 +4,7 @@ generate directly), renders prompts the way sft trained them, and writes JSON Li
 import json
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -22,9 +23,7 @@ def _reference(model_dir, text, n):
 
 
 def test_generate_prints_the_greedy_completion(tiny_model_dir):
-    r = runner.invoke(
-        app, ["generate", "--model", str(tiny_model_dir), "--prompt", "the quick brown", "--max-new-tokens", "8"]
-    )
+    r = runner.invoke(app, cli_args("generate", tiny_model_dir, prompt="the quick brown", max_new_tokens=8))
     assert r.exit_code == 0, r.output
     want = _reference(tiny_model_dir, "the quick brown", 8)
     assert want and r.stdout.rstrip("\n").endswith(want)
@@ -38,17 +37,7 @@ def test_prompts_file_writes_one_json_line_per_prompt(tiny_model_dir, tmp_path):
     out = tmp_path / "out.jsonl"
     r = runner.invoke(
         app,
-        [
-            "generate",
-            "--model",
-            str(tiny_model_dir),
-            "--prompts",
-            str(prompts),
-            "--output",
-            str(out),
-            "--max-new-tokens",
-            "4",
-        ],
+        cli_args("generate", tiny_model_dir, prompts=prompts, output=out, max_new_tokens=4),
     )
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -99,7 +88,7 @@ def test_max_new_tokens_is_clamped_to_the_context_with_a_note(tiny_model_dir, mo
     monkeypatch.setattr(GenerationMixin, "generate", fake_generate)
     r = runner.invoke(
         app,
-        ["generate", "--model", str(tiny_model_dir), "--prompt", "the quick brown", "--max-new-tokens", "100000000"],
+        cli_args("generate", tiny_model_dir, prompt="the quick brown", max_new_tokens=100000000),
     )
     assert r.exit_code == 0, r.output
     assert asked["new"] == 256 - asked["prompt"]
@@ -108,6 +97,6 @@ def test_max_new_tokens_is_clamped_to_the_context_with_a_note(tiny_model_dir, mo
 
 def test_a_prompt_filling_the_context_exits_2(tiny_model_dir):
     long = "the quick brown fox jumps over the lazy dog. " * 60
-    r = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), "--prompt", long, "--max-new-tokens", "4"])
+    r = runner.invoke(app, cli_args("generate", tiny_model_dir, prompt=long, max_new_tokens=4))
     assert r.exit_code == 2, r.output
     assert "no room to generate" in r.output

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import build_tiny_model, build_tokenizer
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import gguf as pgguf
@@ -167,7 +168,7 @@ def assert_one_line_usage_error(r, *fragments):
 
 
 def sft_args(model, data, out, *extra):
-    args = ["sft", "--model", model, "--dataset", data, "--output-dir", out, "--batch-size", "4"]
+    args = cli_args("sft", model, data, out, batch_size=4)
     return args + ["--max-length", "128", "--logging-steps", "1", *extra]
 
 
@@ -420,7 +421,7 @@ def test_conversion_is_cached_per_file_version(tiny, tmp_path, monkeypatch, cach
 # -------------------------------------------------------------------------------------------------------- 6. dpo
 def test_dpo_with_a_gguf_model_and_reference(tiny, preference_file, tmp_path):
     out = tmp_path / "dpo"
-    args = ["dpo", "--model", tiny.f32, "--ref-model", tiny.q4, "--dataset", preference_file, "--output-dir", out]
+    args = cli_args("dpo", tiny.f32, preference_file, out, ref_model=tiny.q4)
     r = invoke(*args, "--max-steps", "1", "--batch-size", "2", "--max-length", "64", "--logging-steps", "1")
     assert r.exit_code == 0, r.output
     assert "tiny.gguf (GGUF, F32, dequantized)" in r.output
@@ -435,7 +436,7 @@ def test_dpo_with_a_gguf_model_and_reference(tiny, preference_file, tmp_path):
 def test_dpo_reference_gguf_with_its_converted_model_dir(tiny, preference_file, tmp_path):
     converted, _ = models.resolve_model(str(tiny.f32))
     out = tmp_path / "dpo"
-    args = ["dpo", "--model", converted, "--ref-model", tiny.f32, "--dataset", preference_file, "--output-dir", out]
+    args = cli_args("dpo", converted, preference_file, out, ref_model=tiny.f32)
     r = invoke(*args, "--max-steps", "1", "--batch-size", "2", "--max-length", "64", "--logging-steps", "1")
     assert r.exit_code == 0, r.output
     run_config = json.loads((out / "run_config.json").read_text())

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import CORPUS
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -20,7 +21,7 @@ runner = CliRunner()
 
 
 def _invoke(command, model, data, out, *extra):
-    args = [command, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--precision", "fp32"]
+    args = cli_args(command, model, data, out, precision="fp32")
     args += ["--batch-size", "4", "--logging-steps", "1", "--save-steps", "1000", "--lr", "1e-2", *extra]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
@@ -51,8 +52,7 @@ def test_negative_beta_exits_2_before_a_model_loads(tiny_model_dir, alpaca_file,
     monkeypatch.setattr(models, "load_model", no_load)
     out = tmp_path / "o"
     r = runner.invoke(
-        app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out),
-              "--kl-to-base", "-0.5"],
+        app, cli_args("sft", tiny_model_dir, alpaca_file, out, kl_to_base="-0.5"),
     )  # fmt: skip
     assert r.exit_code == 2, r.output
     assert "--kl-to-base must be >= 0" in r.output and not out.exists()
@@ -61,8 +61,7 @@ def test_negative_beta_exits_2_before_a_model_loads(tiny_model_dir, alpaca_file,
 @pytest.mark.parametrize("command", ["dpo", "kto"])
 def test_the_preference_commands_refuse_kl_to_base(command, tiny_model_dir, preference_file, tmp_path):
     r = runner.invoke(
-        app, [command, "--model", str(tiny_model_dir), "--dataset", str(preference_file), "--output-dir",
-              str(tmp_path / "o"), "--kl-to-base", "0.1"],
+        app, cli_args(command, tiny_model_dir, preference_file, tmp_path / "o", kl_to_base="0.1"),
     )  # fmt: skip
     assert r.exit_code == 2 and "--kl-to-base" in r.output, r.output
 
@@ -97,7 +96,7 @@ def test_step_1_loss_is_the_plain_loss(command, extra, base, tiny_model_dir, dat
 
 
 def test_the_banner_names_the_base_and_its_cost(tiny_model_dir, alpaca_file, tmp_path):
-    args = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--dry-run", "--kl-to-base", "0.1"]
+    args = cli_args("sft", tiny_model_dir, alpaca_file, dry_run=True, kl_to_base="0.1")
     r = runner.invoke(app, [*args, "--output-dir", str(tmp_path / "a")], terminal_width=200)
     text = " ".join(r.output.split())
     assert r.exit_code == 0, r.output

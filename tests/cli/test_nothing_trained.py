@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import write_jsonl
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import lifecycle
@@ -30,7 +31,7 @@ def test_data_that_fills_no_batch_exits_1_with_one_line(command, extra, need, ti
     data = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "Count 1:", "answer": "1"}])
     out = tmp_path / "o"
     extra = [e.format(teacher=teacher_model_dir) for e in extra]
-    args = [command, "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(out)]
+    args = cli_args(command, tiny_model_dir, data, out)
     r = runner.invoke(app, args + ["--batch-size", "4", "--max-completion-length", "4", *extra])
     assert r.exit_code == 1, r.output
     text = " ".join(r.output.split())

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from harness import cli_args
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -23,7 +24,7 @@ def _flat(output: str) -> str:
 
 
 def _sft(model_dir, data, out, precision):
-    args = ["sft", "--model", str(model_dir), "--dataset", str(data), "--output-dir", str(out)]
+    args = cli_args("sft", model_dir, data, out)
     args += ["--batch-size", "4", "--max-length", "128", "--max-steps", "3", "--lr", "1e-3", "--logging-steps", "1"]
     r = runner.invoke(app, [*args, "--precision", precision])
     assert r.exit_code == 0, r.output
@@ -63,7 +64,7 @@ def test_auto_on_cpu_follows_the_cpus_bf16_instructions_and_says_why(native, mon
 def test_the_banner_names_autos_pick_and_why(native, monkeypatch, tiny_model_dir, alpaca_file, tmp_path):
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
     out = tmp_path / "run"
-    args = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out)]
+    args = cli_args("sft", tiny_model_dir, alpaca_file, out)
     r = runner.invoke(app, [*args, "--max-length", "64", "--dry-run"])
     assert r.exit_code == 0, r.output
     text = _flat(r.output)

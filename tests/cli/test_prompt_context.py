@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import write_jsonl
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -29,7 +30,7 @@ def gpt2_dir(tmp_path_factory):
 
 def _run(command, model, data, out, *extra):
     extra = [e.format(model=model) for e in (*EXTRA[command], *extra)]
-    args = [command, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--batch-size", "4"]
+    args = cli_args(command, model, data, out, batch_size=4)
     return runner.invoke(app, args + ["--dry-run", *extra])
 
 

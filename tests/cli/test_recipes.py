@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -117,9 +118,7 @@ def test_unknown_key_and_bad_value_are_all_reported(tmp_path):
 def test_bad_recipes_exit_2(content, fragment, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(content)
-    r = runner.invoke(
-        app, ["sft", "--recipe", str(recipe), "--model", "org/m", "--dataset", "org/d", "--output-dir", "o"]
-    )
+    r = runner.invoke(app, cli_args("sft", "org/m", "org/d", "o", recipe=recipe))
     assert r.exit_code == 2
     assert fragment in r.output
 

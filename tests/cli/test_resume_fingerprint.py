@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from harness import run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -121,28 +122,7 @@ def sft_run(tiny_model_dir, tmp_path_factory):
 
 
 def _sft(model, data, out, *extra):
-    return [
-        "sft",
-        "--model",
-        str(model),
-        "--dataset",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "2",
-        "--save-steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "256",
-        "--logging-steps",
-        "1",
-        "--lr",
-        "1e-3",
-        *extra,
-    ]
+    return run_args("sft", model, data, out, *extra, max_length=256, save_steps=1, logging_steps=1)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import shutil
 import time
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import template_guard as G
@@ -84,7 +85,7 @@ def test_a_model_directory_whose_template_is_a_bomb_exits_2_naming_it(tiny_model
     tok.chat_template = "{{ 'x' * 7000000000 }}"
     tok.save_pretrained(model)
     t0 = time.monotonic()
-    r = runner.invoke(app, ["generate", "--model", str(model), "--prompt", "hello", "--max-new-tokens", "2"])
+    r = runner.invoke(app, cli_args("generate", model, prompt="hello", max_new_tokens=2))
     assert time.monotonic() - t0 < 90
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
@@ -95,7 +96,7 @@ def test_a_model_directory_whose_template_is_a_bomb_exits_2_naming_it(tiny_model
 def test_a_chat_template_path_for_trl_is_bounded_too(tiny_model_dir, alpaca_file, tmp_path):
     bomb = tmp_path / "bomb.jinja"
     bomb.write_text("{% for i in range(100000) %}{{ 'z' * 100 }}{% endfor %}")
-    args = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(tmp_path / "o")]
+    args = cli_args("sft", tiny_model_dir, alpaca_file, tmp_path / "o")
     r = runner.invoke(app, [*args, "--trainer-arg", f"chat_template_path={bomb}", "--dry-run"])
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -124,8 +125,7 @@ def test_a_teacher_in_a_checkpoint_of_the_output_dir_is_refused(previous_run, ti
     for given in (teacher, link, f"{previous_run}/../prev/checkpoint-2/"):
         r = runner.invoke(
             app,
-            ["distill", "--model", str(tiny_model_dir), "--teacher", str(given), "--dataset", str(data),
-             "--output-dir", str(previous_run), "--overwrite"],
+            cli_args("distill", tiny_model_dir, data, previous_run, teacher=given, overwrite=True),
         )  # fmt: skip
         assert r.exit_code == 2 and "--teacher" in r.output and "inside --output-dir" in _one_line(r.output), r.output
     assert snapshot(previous_run) == before
@@ -186,8 +186,7 @@ def prompts(tmp_path):
 def _generate(model, prompts, output, *extra):
     return runner.invoke(
         app,
-        ["generate", "--model", str(model), "--prompts", str(prompts), "--output", str(output), "--max-new-tokens",
-         "2", *extra],
+        cli_args("generate", model, None, None, *extra, prompts=prompts, output=output, max_new_tokens=2),
     )  # fmt: skip
 
 
@@ -298,8 +297,7 @@ def test_a_run_another_tool_made_is_neither_replaced_nor_resumed(their_run, tiny
     before = snapshot(their_run)
     r = runner.invoke(
         app,
-        ["finetune", "--model", str(tiny_model_dir), "--dataset", str(corpus), "--output-dir", str(their_run),
-         "--max-steps", "1", "--batch-size", "2", "--max-length", "16", *how],
+        run_args("finetune", tiny_model_dir, corpus, their_run, *how, steps=1, max_length=16, lr=None),
     )  # fmt: skip
     text = _one_line(r.output)
     assert r.exit_code == 2, r.output
@@ -319,8 +317,7 @@ def test_an_empty_hidden_folder_does_not_make_another_tools_run_ours(their_run, 
     corpus.write_text("hello world\n" * 50)
     r = runner.invoke(
         app,
-        ["finetune", "--model", str(tiny_model_dir), "--dataset", str(corpus), "--output-dir", str(their_run),
-         "--overwrite", "--max-steps", "1", "--batch-size", "2", "--max-length", "16"],
+        run_args("finetune", tiny_model_dir, corpus, their_run, steps=1, max_length=16, lr=None, overwrite=True),
     )  # fmt: skip
     assert r.exit_code == 2 and "a run posttrainllm did not make" in _one_line(r.output), r.output
     assert snapshot(their_run) == before

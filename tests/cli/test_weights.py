@@ -8,6 +8,7 @@ import time
 
 import pytest
 from conftest import build_tiny_model, build_tokenizer
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -25,7 +26,7 @@ def _copy_with(src, dst, **config):
 
 
 def _sft(model, data, out, *extra):
-    args = ["sft", "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--dry-run", *extra]
+    args = cli_args("sft", model, data, out, *extra, dry_run=True)
     return runner.invoke(app, args)
 
 

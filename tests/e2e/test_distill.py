@@ -8,6 +8,7 @@ import json
 
 import pytest
 from conftest import check_optimizer_groups
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -34,7 +35,7 @@ def other_vocab_dir(tmp_path_factory):
 
 
 def _args(model, teacher, data, out, *extra):
-    base = ["distill", "--model", str(model), "--dataset", str(data), "--output-dir", str(out)]
+    base = cli_args("distill", model, data, out)
     return base + (["--teacher", str(teacher)] if teacher else []) + list(extra)
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import cli_args
 
 ROOT = Path(__file__).resolve().parents[2]
 FSDP2_CPU = ROOT / "examples" / "accelerate" / "fsdp2_cpu.yaml"
@@ -511,16 +512,7 @@ class Nodes:
                 f"two-nodes-{self.port}",
                 "-m",
                 "posttrainllm",
-                "sft",
-                "--model",
-                str(model),
-                "--dataset",
-                str(dataset),
-                "--output-dir",
-                "out",
-                "--llrd",
-                "0.9",
-                *args,
+                *cli_args("sft", model, dataset, "out", *args, llrd="0.9"),
             ]
             self.procs[n] = subprocess.Popen(
                 cmd,

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from conftest import check_optimizer_groups, write_jsonl
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import data as D
@@ -145,7 +146,7 @@ def test_prompt_data_errors_name_the_record(tmp_path, tok):
 
 # ----------------------------------------------------------------------------------------------------------- CLI
 def _args(model, data, out, *extra, command="grpo"):
-    return [command, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), *extra]
+    return cli_args(command, model, data, out, *extra)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from conftest import check_optimizer_groups, write_jsonl
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import data as D
@@ -85,13 +86,13 @@ def test_one_label_for_every_row_is_a_warning(tmp_path, tok):
 
 # ---------------------------------------------------------------------------------------------------------- CLI
 def test_batch_size_one_exits_2(unpaired_file):
-    r = runner.invoke(app, ["kto", "--model", "org/m", "--dataset", str(unpaired_file), "--batch-size", "1"])
+    r = runner.invoke(app, cli_args("kto", "org/m", unpaired_file, batch_size=1))
     assert r.exit_code == 2 and "kto needs --batch-size 2 or more" in r.output
 
 
 def test_all_true_labels_are_warned_in_the_banner(tiny_model_dir, tmp_path):
     data = write_jsonl(tmp_path / "k.jsonl", [{**r, "label": True} for r in _rows(8)])
-    args = ["kto", "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(tmp_path / "o")]
+    args = cli_args("kto", tiny_model_dir, data, tmp_path / "o")
     r = runner.invoke(app, [*args, "--dry-run", "--batch-size", "4"])
     assert r.exit_code == 0, r.output
     assert "has label true (desirable)" in " ".join(r.output.split())
@@ -135,7 +136,7 @@ def test_kto_first_step_moves_each_block_by_its_lr(tiny_model_dir, unpaired_file
     from test_smoke import block_change
 
     out = tmp_path / "o"
-    args = ["kto", "--model", str(tiny_model_dir), "--dataset", str(unpaired_file), "--output-dir", str(out)]
+    args = cli_args("kto", tiny_model_dir, unpaired_file, out)
     r = runner.invoke(app, [*args, "--llrd", "0.5", "--lr", "1e-3", "--max-steps", "1", "--batch-size", "4"])
     assert r.exit_code == 0, r.output
     assert "KTO" in r.output and "(16 desirable, 16 undesirable)" in " ".join(r.output.split())

@@ -3,7 +3,6 @@ holds, group by group and parameter by parameter (freeze, clamp, LoRA, tied embe
 importable from the package root without importing torch; the logged `learning_rate` is the base LR."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import run_args, torchrun
 from torch import nn
 from typer.testing import CliRunner
 
@@ -98,24 +98,7 @@ def test_param_groups_json_equals_the_optimizers_groups(
 ):
     model_dir = tied_model_dir if setting == "tied" else tiny_model_dir
     out = tmp_path / "o"
-    args = [
-        "sft",
-        "--model",
-        str(model_dir),
-        "--dataset",
-        str(alpaca_file),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "128",
-        "--lr",
-        "1e-3",
-        *SETTINGS[setting],
-    ]
+    args = run_args("sft", model_dir, alpaca_file, out, *SETTINGS[setting], steps=1, max_length=128)
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert len(captured) == 1
@@ -156,42 +139,9 @@ def test_param_groups_json_equals_the_optimizers_groups_on_every_ddp_rank(tiny_m
     """)
     )
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29541",
-            str(script),
-            "sft",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(out),
-            "--llrd",
-            "0.5",
-            "--llrd-freeze-below",
-            "0.2",
-            "--weight-decay",
-            "0.1",
-            "--max-steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "128",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    options = dict(llrd=0.5, llrd_freeze_below=0.2, weight_decay=0.1)
+    args = run_args("sft", tiny_model_dir, alpaca_file, out, steps=1, max_length=128, lr=None, **options)
+    r = torchrun(script, *args, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     want = saved_groups(out)
     for rank in (0, 1):
@@ -241,29 +191,7 @@ def test_logged_learning_rate_is_the_base_lr_not_group_0s(tiny_model_dir, text_f
     out = tmp_path / "o"
     r = runner.invoke(
         app,
-        [
-            "finetune",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(text_file),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            "2",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "64",
-            "--logging-steps",
-            "1",
-            "--lr",
-            "1e-3",
-            "--llrd",
-            "0.5",
-            "--lr-scheduler",
-            "constant",
-        ],
+        run_args("finetune", tiny_model_dir, text_file, out, logging_steps=1, llrd="0.5", lr_scheduler="constant"),
     )
     assert r.exit_code == 0, r.output
     logs = [h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import cli_args, run_args, torchrun
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -24,28 +25,7 @@ def _cmd(model_dir, text_file, out, *extra):
         sys.executable,
         "-m",
         "posttrainllm",
-        "finetune",
-        "--model",
-        str(model_dir),
-        "--dataset",
-        str(text_file),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "24",
-        "--save-steps",
-        "8",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "64",
-        "--logging-steps",
-        "1",
-        "--lr",
-        "1e-3",
-        "--llrd",
-        "0.8",
-        *extra,
+        *run_args("finetune", model_dir, text_file, out, *extra, steps=24, save_steps=8, logging_steps=1, llrd="0.8"),
     ]
 
 
@@ -101,20 +81,7 @@ def test_resume_with_other_lr_is_refused(tmp_path):
     (out / "run_config.json").write_text(json.dumps({"command": "sft", "lr": 1e-4, "llrd": 0.9, "model": "org/m"}))
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            "org/m",
-            "--dataset",
-            "org/d",
-            "--output-dir",
-            str(out),
-            "--resume",
-            "--lr",
-            "3e-4",
-            "--llrd",
-            "0.9",
-        ],
+        cli_args("sft", "org/m", "org/d", out, resume=True, lr="3e-4", llrd="0.9"),
     )
     assert r.exit_code == 2
     assert "lr: 0.0001 → 0.0003" in r.output and "--allow-config-change" in r.output
@@ -124,7 +91,7 @@ def test_resume_without_complete_checkpoint_is_refused(tmp_path):
     out = tmp_path / "o"
     (out / "checkpoint-8").mkdir(parents=True)
     (out / "run_config.json").write_text(json.dumps({"command": "sft"}))  # a run of posttrainllm's
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", str(out), "--resume"])
+    r = runner.invoke(app, cli_args("sft", "org/m", "org/d", out, resume=True))
     assert r.exit_code == 2 and "no complete checkpoint" in r.output and "checkpoint-8" in r.output
 
 
@@ -143,7 +110,7 @@ def test_a_symlinked_checkpoint_is_reported_as_skipped_with_why(tmp_path):
     assert found == good
     assert [(d.name, why.split(";")[0]) for d, why in skipped] == [("checkpoint-9", f"a symbolic link to {elsewhere}")]
     os.remove(good / layout.MARKER)
-    r = runner.invoke(app, ["sft", "--model", "org/m", "--dataset", "org/d", "--output-dir", str(out), "--resume"])
+    r = runner.invoke(app, cli_args("sft", "org/m", "org/d", out, resume=True))
     assert r.exit_code == 2 and "checkpoint-9 (a symbolic link" in " ".join(r.output.split())
 
 
@@ -154,21 +121,7 @@ def _snapshot(d: Path):
 @pytest.mark.smoke
 def test_rerun_into_finished_dir_changes_nothing(tiny_model_dir, alpaca_file, tmp_path):
     out = tmp_path / "o"
-    args = [
-        "sft",
-        "--model",
-        str(tiny_model_dir),
-        "--dataset",
-        str(alpaca_file),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "256",
-    ]
+    args = run_args("sft", tiny_model_dir, alpaca_file, out, steps=1, max_length=256, lr=None)
     assert runner.invoke(app, args).exit_code == 0
     before = _snapshot(out)
     r = runner.invoke(app, args)
@@ -284,18 +237,7 @@ def test_debug_shows_the_traceback(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"question": "x"}\n')
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            "org/m",
-            "--dataset",
-            str(tmp_path / "d.jsonl"),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--lr",
-            "0",
-            "--debug",
-        ],
+        cli_args("sft", "org/m", tmp_path / "d.jsonl", tmp_path / "o", lr=0, debug=True),
     )
     assert r.exit_code != 0
     assert r.exception is not None  # raised, not swallowed
@@ -305,39 +247,8 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
     """torchrun --nproc_per_node 2 (gloo): exits 0, ranks agree on the groups, only rank 0 prints and writes."""
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29533",
-            "-m",
-            "posttrainllm",
-            "sft",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(out),
-            "--llrd",
-            "0.9",
-            "--max-steps",
-            "2",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "256",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    args = run_args("sft", tiny_model_dir, alpaca_file, out, llrd=0.9, max_length=256, lr=None)
+    r = torchrun(None, *args, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("LR layer-decay: γ=0.9") == 1  # banner on rank 0 only
     assert r.stdout.count("run summary") == 1  # the end-of-run table on rank 0 only
@@ -350,27 +261,18 @@ def test_two_process_cpu_ddp_with_llrd(tiny_model_dir, alpaca_file, tmp_path):
 @pytest.mark.smoke
 def test_allow_config_change_applies_the_new_group_lrs_on_resume(tiny_model_dir, text_file, tmp_path):
     out = tmp_path / "o"
-    common = [
+    common = cli_args(
         "finetune",
-        "--model",
-        str(tiny_model_dir),
-        "--dataset",
-        str(text_file),
-        "--output-dir",
-        str(out),
-        "--batch-size",
-        "2",
-        "--max-length",
-        "64",
-        "--logging-steps",
-        "1",
-        "--save-steps",
-        "2",
-        "--llrd",
-        "0.5",
-        "--lr-scheduler",
-        "constant",
-    ]
+        tiny_model_dir,
+        text_file,
+        out,
+        batch_size=2,
+        max_length=64,
+        logging_steps=1,
+        save_steps=2,
+        llrd="0.5",
+        lr_scheduler="constant",
+    )
     assert runner.invoke(app, common + ["--max-steps", "2", "--lr", "1e-3"]).exit_code == 0
     refused = runner.invoke(app, common + ["--max-steps", "4", "--lr", "2e-3", "--resume"])
     assert refused.exit_code == 2 and "--allow-config-change" in refused.output

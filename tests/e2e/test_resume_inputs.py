@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+from harness import run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -116,8 +117,18 @@ def test_grpo_resume_refuses_an_edited_reward_file_and_accepts_another_spelling(
 ):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rf2.py").write_text(REWARD)
-    base = ["grpo", "--model", str(tiny_model_dir), "--dataset", str(prompts_file), "--output-dir", "o",
-            "--max-steps", "1", "--batch-size", "4", "--max-completion-length", "4", "--save-steps", "1"]  # fmt: skip
+    base = run_args(
+        "grpo",
+        tiny_model_dir,
+        prompts_file,
+        "o",
+        steps=1,
+        batch=4,
+        max_length=None,
+        lr=None,
+        max_completion_length=4,
+        save_steps=1,
+    )
     r = runner.invoke(app, [*base, "--reward-fn", "rf2.py:f"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, [*base, "--reward-fn", "./rf2.py:f", "--resume"])
@@ -133,9 +144,19 @@ def test_grpo_resume_refuses_an_edited_reward_file_and_accepts_another_spelling(
 def test_distill_resume_refuses_a_teacher_replaced_in_place(tiny_model_dir, teacher_model_dir, prompts_file, tmp_path):
     teacher = tmp_path / "teacher"
     shutil.copytree(tiny_model_dir, teacher)
-    base = ["distill", "--model", str(tiny_model_dir), "--teacher", str(teacher), "--dataset", str(prompts_file),
-            "--output-dir", str(tmp_path / "o"), "--max-steps", "1", "--batch-size", "4",
-            "--max-completion-length", "4", "--save-steps", "1"]  # fmt: skip
+    base = run_args(
+        "distill",
+        tiny_model_dir,
+        prompts_file,
+        tmp_path / "o",
+        steps=1,
+        batch=4,
+        max_length=None,
+        lr=None,
+        teacher=teacher,
+        max_completion_length=4,
+        save_steps=1,
+    )
     r = runner.invoke(app, base)
     assert r.exit_code == 0, r.output
     saved = json.loads((tmp_path / "o" / "run_config.json").read_text())

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from conftest import check_optimizer_groups
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -17,7 +18,7 @@ runner = CliRunner()
 
 
 def _args(model, data, out, *extra):
-    return ["reward", "--model", str(model), "--dataset", str(data), "--output-dir", str(out), *extra]
+    return cli_args("reward", model, data, out, *extra)
 
 
 def test_dry_run_names_the_new_score_head(tiny_model_dir, preference_file, tmp_path):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import write_jsonl
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import rewards as R
@@ -136,8 +137,7 @@ def test_a_catastrophic_pattern_ends_in_a_bounded_process():
 
 def test_an_invalid_pattern_is_refused_with_the_options(tmp_path):
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "p", "answer": "1"}])
-    r = runner.invoke(app, ["grpo", "--model", str(tmp_path), "--dataset", str(data), "--reward-regex", "(?<x",
-                            "--dry-run"])  # fmt: skip
+    r = runner.invoke(app, cli_args("grpo", tmp_path, data, reward_regex="(?<x", dry_run=True))  # fmt: skip
     assert r.exit_code == 2 and "--reward-regex is not a valid regular expression" in r.output, r.output
 
 
@@ -238,7 +238,7 @@ def test_a_run_whose_reward_is_nan_or_none_stops_with_exit_1(value, says, tiny_m
     spec = _file(tmp_path, f"def bad(completions, **kw):\n    return [{value}] * len(completions)\n")
     data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Count {i}:", "answer": "1"} for i in range(4)])
     out = tmp_path / "o"
-    args = ["grpo", "--model", str(tiny_model_dir), "--dataset", str(data), "--output-dir", str(out)]
+    args = cli_args("grpo", tiny_model_dir, data, out)
     args += ["--reward-fn", f"{spec}:bad", "--batch-size", "4", "--max-completion-length", "4", "--max-steps", "2"]
     r = runner.invoke(app, args)
     assert r.exit_code == 1, r.output
@@ -280,7 +280,7 @@ def test_a_pattern_whose_counted_repeats_explode_is_refused_with_the_options(fla
         "main()\n"
     )
     root = str(Path(R.__file__).resolve().parents[1])
-    args = ["grpo", "--model", str(tmp_path), "--dataset", str(data), "--dry-run", *extra]
+    args = cli_args("grpo", tmp_path, data, None, *extra, dry_run=True)
     done = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
         env={**__import__("os").environ, "PYTHONPATH": root},

@@ -4,6 +4,7 @@ report for every training command (full and LoRA), the forgetting report in the 
 import json
 
 import pytest
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -15,24 +16,7 @@ runner = CliRunner()
 def _run(cmd, model, data, out, *extra):
     r = runner.invoke(
         app,
-        [
-            cmd,
-            "--model",
-            str(model),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            "3",
-            "--batch-size",
-            "4",
-            "--max-length",
-            "128",
-            "--lr",
-            "1e-3",
-            *extra,
-        ],
+        run_args(cmd, model, data, out, *extra, steps=3, batch=4, max_length=128),
     )
     assert r.exit_code == 0, r.output
     return r.output
@@ -118,20 +102,7 @@ def test_the_recipe_in_use_is_in_the_banner(tiny_model_dir, alpaca_file, tmp_pat
     recipe.write_text("llrd: 0.8\n")
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--recipe",
-            str(recipe),
-            "--dry-run",
-            "--max-length",
-            "128",
-        ],
+        cli_args("sft", tiny_model_dir, alpaca_file, tmp_path / "o", recipe=recipe, dry_run=True, max_length=128),
     )
     assert r.exit_code == 0, r.output
     assert f"recipe     {recipe}" in r.output

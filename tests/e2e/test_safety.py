@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import cli_args, run_args, torchrun
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -34,28 +35,7 @@ def snapshot(d: Path) -> dict:
 
 
 def finetune_args(model, data, out, *extra):
-    return [
-        "finetune",
-        "--model",
-        str(model),
-        "--dataset",
-        str(data),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        "2",
-        "--save-steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "64",
-        "--logging-steps",
-        "1",
-        "--lr",
-        "1e-3",
-        *extra,
-    ]
+    return run_args("finetune", model, data, out, *extra, save_steps=1, logging_steps=1)
 
 
 @pytest.fixture(scope="module")
@@ -271,25 +251,7 @@ def test_torchrun_ranks_respect_the_lock_without_hanging(tiny_model_dir, corpus,
     lock.acquire(str(out))
     try:
         t0 = time.time()
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node",
-                "2",
-                "--master_port",
-                "29541",
-                "-m",
-                "posttrainllm",
-                *finetune_args(tiny_model_dir, corpus, out),
-            ],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=300,
-            check=False,
-        )
+        r = torchrun(None, *finetune_args(tiny_model_dir, corpus, out), env=ENV, timeout=300)
     finally:
         lock.release()
     assert r.returncode != 0
@@ -496,23 +458,16 @@ def test_fifos_sockets_and_devices_are_refused_before_they_are_opened(tiny_model
             60,
             lambda: runner.invoke(
                 app,
-                [
+                cli_args(
                     "sft",
-                    "--model",
-                    str(tiny_model_dir),
-                    "--dataset",
-                    str(fifo),
-                    "--eval-dataset",
-                    "/dev/zero",
-                    "--replay-dataset",
-                    str(fifo),
-                    "--replay-ratio",
-                    "0.2",
-                    "--ood-eval",
-                    str(sock_path),
-                    "--output-dir",
-                    str(tmp_path / "o"),
-                ],
+                    tiny_model_dir,
+                    fifo,
+                    tmp_path / "o",
+                    eval_dataset="/dev/zero",
+                    replay_dataset=fifo,
+                    replay_ratio="0.2",
+                    ood_eval=sock_path,
+                ),
             ),
         )
         assert r.exit_code == 2, r.output
@@ -525,33 +480,21 @@ def test_fifos_sockets_and_devices_are_refused_before_they_are_opened(tiny_model
             assert fragment in r.output, r.output
         r = _with_alarm(
             60,
-            lambda: runner.invoke(
-                app, ["eval", "--model", str(tiny_model_dir), "--text", str(fifo), "--sft-dataset", "/dev/zero"]
-            ),
+            lambda: runner.invoke(app, cli_args("eval", tiny_model_dir, text=fifo, sft_dataset="/dev/zero")),
         )
         assert (
             r.exit_code == 2 and "--text" in r.output and "--sft-dataset /dev/zero is a character device" in r.output
         ), r.output
         r = _with_alarm(
             60,
-            lambda: runner.invoke(
-                app, ["sft", "--model", str(tiny_model_dir), "--dataset", str(corpus), "--recipe", str(fifo)]
-            ),
+            lambda: runner.invoke(app, cli_args("sft", tiny_model_dir, corpus, recipe=fifo)),
         )
         assert r.exit_code == 2 and "is a FIFO" in r.output, r.output
         r = _with_alarm(
             60,
             lambda: runner.invoke(
                 app,
-                [
-                    "finetune",
-                    "--model",
-                    str(tiny_model_dir),
-                    "--dataset",
-                    "/dev/zero",
-                    "--output-dir",
-                    str(tmp_path / "z"),
-                ],
+                cli_args("finetune", tiny_model_dir, "/dev/zero", tmp_path / "z"),
             ),
         )
         assert r.exit_code == 2 and "character device" in r.output, r.output
@@ -641,7 +584,7 @@ def test_eval_json_is_valid_json_when_the_model_gives_nan(tiny_model_dir, corpus
         model.lm_head.weight.fill_(float("nan"))
     model.save_pretrained(broken)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(broken)
-    r = runner.invoke(app, ["eval", "--model", str(broken), "--text", str(corpus), "--max-length", "64", "--json"])
+    r = runner.invoke(app, cli_args("eval", broken, text=corpus, max_length=64, json=True))
     assert r.exit_code == 0, r.output
 
     def no_constants(name):
@@ -740,30 +683,14 @@ def test_a_tokenizer_without_pad_or_eos_trains(tiny_model_dir, tmp_path, alpaca_
     (model / "tokenizer_config.json").write_text(json.dumps(conf))
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--max-steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "128",
-        ],
+        run_args("sft", model, alpaca_file, tmp_path / "o", steps=1, max_length=128, lr=None),
     )
     assert r.exit_code == 0, r.output
     assert "no EOS token" in r.output
 
 
 def test_an_offline_hub_id_that_is_not_cached_is_a_usage_error(corpus, tmp_path):
-    r = runner.invoke(
-        app, ["finetune", "--model", "owner/name", "--dataset", str(corpus), "--output-dir", str(tmp_path / "o")]
-    )
+    r = runner.invoke(app, cli_args("finetune", "owner/name", corpus, tmp_path / "o"))
     assert r.exit_code == 2, r.output
     assert "not a local directory and the Hub is offline (HF_HUB_OFFLINE=1)" in r.output
     assert not (tmp_path / "o").exists()

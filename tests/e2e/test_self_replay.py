@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import build_tiny_model, build_tokenizer
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -118,11 +119,19 @@ def alpaca(tmp_path_factory):
 
 
 def _args(command, model, data, out, *extra):
-    return [
-        command, "--model", str(model), "--dataset", str(data), "--output-dir", str(out), "--max-steps", "1",
-        "--save-steps", "1", "--batch-size", "2", "--max-length", "48", "--replay-ratio", "0.25",
-        "--self-replay-batch-size", "3", *extra,
-    ]  # fmt: skip
+    return run_args(
+        command,
+        model,
+        data,
+        out,
+        *extra,
+        steps=1,
+        max_length=48,
+        lr=None,
+        save_steps=1,
+        replay_ratio="0.25",
+        self_replay_batch_size=3,
+    )
 
 
 def _texts(out):
@@ -216,7 +225,7 @@ def test_bad_self_replay_settings_exit_2_before_a_model_loads(
 
     monkeypatch.setattr(models, "load_model", no_load)
     monkeypatch.setattr(models, "load_tokenizer", no_load)
-    args = [command, "--model", str(tiny_model_dir), "--dataset", str(alpaca), "--output-dir", str(tmp_path / "o")]
+    args = cli_args(command, tiny_model_dir, alpaca, tmp_path / "o")
     if command in ("sft", "finetune"):
         args += ["--replay-ratio", "0.2"]
     args += [str(alpaca) if e == "{data}" else e for e in extra]

@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from harness import cli_args
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -36,22 +37,7 @@ def block_change(before, after, block, kind="relative"):
 def train(cmd, model_dir, data, out, *extra):
     r = runner.invoke(
         app,
-        [
-            cmd,
-            "--model",
-            str(model_dir),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--batch-size",
-            "4",
-            "--max-length",
-            "256",
-            "--logging-steps",
-            "1",
-            *extra,
-        ],
+        cli_args(cmd, model_dir, data, out, *extra, batch_size=4, max_length=256, logging_steps=1),
     )
     assert r.exit_code == 0, r.output
     return r.output

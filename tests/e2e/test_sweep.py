@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -23,30 +24,21 @@ def ood_file(tmp_path):
 def _grid(model, data, ood, out, *extra):
     return [
         "sweep",
-        "sft",
-        "--model",
-        str(model),
-        "--dataset",
-        str(data),
-        "--eval-split",
-        "0.25",
-        "--ood-eval",
-        str(ood),
-        "--llrd",
-        "1.0,0.5",
-        "--lr",
-        "1e-3,3e-3",
-        "--max-steps",
-        "3",
-        "--batch-size",
-        "4",
-        "--max-length",
-        "128",
-        "--output-dir",
-        str(out),
-        "--jobs",
-        "2",
-        *extra,
+        *run_args(
+            "sft",
+            model,
+            data,
+            out,
+            *extra,
+            steps=3,
+            batch=4,
+            max_length=128,
+            lr="1e-3,3e-3",
+            eval_split="0.25",
+            ood_eval=ood,
+            llrd="1.0,0.5",
+            jobs=2,
+        ),
     ]
 
 
@@ -144,18 +136,7 @@ def test_sweep_validates_every_cell_before_running_anything(
 def test_sweep_needs_in_domain_eval_and_ood_files(tiny_model_dir, alpaca_file, tmp_path):
     r = runner.invoke(
         app,
-        [
-            "sweep",
-            "sft",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--lr",
-            "1e-3",
-            "--output-dir",
-            str(tmp_path / "s"),
-        ],
+        ["sweep", *cli_args("sft", tiny_model_dir, alpaca_file, tmp_path / "s", lr="1e-3")],
     )
     assert r.exit_code == 2
     assert "--eval-split" in r.output and "--ood-eval" in r.output
@@ -266,11 +247,23 @@ def test_a_sweep_with_merges_puts_every_merge_on_one_frontier_and_skips_them_whe
 ):
     out = tmp_path / "sweep"
     args = [
-        "sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--eval-dataset",
-        str(alpaca_file), "--ood-eval", str(ood_file), "--llrd", "1.0", "--lr", "3e-3", "--max-steps", "3",
-        "--batch-size", "4", "--max-length", "128", "--output-dir", str(out), "--merge-alpha", "1.0,0.5",
-        "--merge-llrd", "1.0,0.7",
-    ]  # fmt: skip
+        "sweep",
+        *run_args(
+            "sft",
+            tiny_model_dir,
+            alpaca_file,
+            out,
+            steps=3,
+            batch=4,
+            max_length=128,
+            lr="3e-3",
+            eval_dataset=alpaca_file,
+            ood_eval=ood_file,
+            llrd="1.0",
+            merge_alpha="1.0,0.5",
+            merge_llrd="1.0,0.7",
+        ),
+    ]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     result = json.loads((out / "results.json").read_text())

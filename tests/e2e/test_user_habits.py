@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -15,22 +16,7 @@ runner = CliRunner()
 def _sft(model, data, out, *extra):
     return runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--max-length",
-            "128",
-            *extra,
-        ],
+        run_args("sft", model, data, out, *extra, steps=1, max_length=128, lr=None),
     )
 
 
@@ -82,17 +68,7 @@ def test_recipe_trainer_args_mapping_is_checked_the_same_way(tiny_model_dir, alp
 def test_bad_trainer_args_exit_2_before_any_model_is_loaded(arg, fragment, tmp_path, alpaca_file):
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            "org/not-loaded",
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--trainer-arg",
-            arg,
-        ],
+        cli_args("sft", "org/not-loaded", alpaca_file, tmp_path / "o", trainer_arg=arg),
     )
     assert r.exit_code == 2, r.output
     assert fragment in r.output and "Traceback" not in r.output
@@ -132,31 +108,18 @@ def test_tensorboard_gets_every_depths_lr_following_the_schedule(tiny_model_dir,
     steps, lr, gamma = 4, 1e-3, 0.5
     r = runner.invoke(
         app,
-        [
+        run_args(
             "finetune",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(text_file),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            str(steps),
-            "--batch-size",
-            "2",
-            "--max-length",
-            "64",
-            "--logging-steps",
-            "1",
-            "--lr",
-            str(lr),
-            "--llrd",
-            str(gamma),
-            "--lr-scheduler",
-            "linear",
-            "--report-to",
-            "tensorboard",
-        ],
+            tiny_model_dir,
+            text_file,
+            out,
+            steps=steps,
+            lr=lr,
+            logging_steps=1,
+            llrd=gamma,
+            lr_scheduler="linear",
+            report_to="tensorboard",
+        ),
     )
     assert r.exit_code == 0, r.output
     events = [p for p in out.rglob("events.out.tfevents.*")]
@@ -186,33 +149,13 @@ def test_no_max_length_note_when_the_user_did_not_pass_one(tokenizer_and_small_p
     model_dir = tokenizer_and_small_positions
     quiet = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(tmp_path / "a"),
-            "--dry-run",
-        ],
+        cli_args("sft", model_dir, alpaca_file, tmp_path / "a", dry_run=True),
     )
     assert quiet.exit_code == 0, quiet.output
     assert "is more than the model's" not in quiet.output and "max length 64" in quiet.output
     loud = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model_dir),
-            "--dataset",
-            str(alpaca_file),
-            "--output-dir",
-            str(tmp_path / "b"),
-            "--dry-run",
-            "--max-length",
-            "512",
-        ],
+        cli_args("sft", model_dir, alpaca_file, tmp_path / "b", dry_run=True, max_length=512),
     )
     assert "--max-length 512 is more than the model's 64 positions" in loud.output
 
@@ -244,27 +187,18 @@ def test_a_log_file_gets_plain_lines_not_progress_bar_redraws(tiny_model_dir, te
                 sys.executable,
                 "-m",
                 "posttrainllm",
-                "finetune",
-                "--model",
-                str(tiny_model_dir),
-                "--dataset",
-                str(text_file),
-                "--output-dir",
-                str(tmp_path / "o"),
-                "--max-steps",
-                "20",
-                "--save-steps",
-                "5",
-                "--logging-steps",
-                "5",
-                "--batch-size",
-                "2",
-                "--max-length",
-                "64",
-                "--eval-split",
-                "0.1",
-                "--eval-steps",
-                "10",
+                *run_args(
+                    "finetune",
+                    tiny_model_dir,
+                    text_file,
+                    tmp_path / "o",
+                    steps=20,
+                    lr=None,
+                    save_steps=5,
+                    logging_steps=5,
+                    eval_split="0.1",
+                    eval_steps=10,
+                ),
             ],
             stdout=f,
             stderr=subprocess.STDOUT,

@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from harness import cli_args
 from typer.testing import CliRunner
 
 import posttrainllm
@@ -205,7 +206,7 @@ def test_a_run_builds_its_trainer_config_once_and_checks_trainer_args_once(
     monkeypatch.setattr(args, "make_config", counting_make_config)
     monkeypatch.setattr(args, "check_keyed", counting_check_keyed)
     out = tmp_path / "o"
-    argv = ["sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--output-dir", str(out)]
+    argv = cli_args("sft", tiny_model_dir, alpaca_file, out)
     argv += ["--max-steps", "1", "--batch-size", "2", "--max-length", "128", "--trainer-arg", "max_grad_norm=0.5"]
     r = CliRunner().invoke(app, argv)
     assert r.exit_code == 0, r.output

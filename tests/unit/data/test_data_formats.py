@@ -18,6 +18,7 @@ from data_samples import (
     write_json,
     write_jsonl,
 )
+from harness import cli_args, run_args
 
 from posttrainllm import data as D
 from posttrainllm.errors import DataError, UsageError
@@ -396,37 +397,14 @@ def test_cli_banner_counts_dropped_rows_and_exits_1_when_none_is_left(tiny_model
     data = write_jsonl(tmp_path / "prefs.jsonl", rows)
     r = runner.invoke(
         app,
-        [
-            "dpo",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--dry-run",
-            "--max-length",
-            "64",
-        ],
+        cli_args("dpo", tiny_model_dir, data, tmp_path / "o", dry_run=True, max_length=64),
     )
     assert r.exit_code == 0, r.output
     assert "6 train" in r.output and "dropped 3 degenerate rows (3 chosen = rejected)" in " ".join(r.output.split())
     same = write_jsonl(tmp_path / "same.jsonl", [dict(row, rejected=row["chosen"]) for row in rows])
     r = runner.invoke(
         app,
-        [
-            "dpo",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(same),
-            "--output-dir",
-            str(tmp_path / "o2"),
-            "--max-steps",
-            "1",
-            "--max-length",
-            "64",
-        ],
+        run_args("dpo", tiny_model_dir, same, tmp_path / "o2", steps=1, batch=None, lr=None),
     )
     assert r.exit_code == 1 and "nothing left to train on" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o2" / "model.safetensors").exists()

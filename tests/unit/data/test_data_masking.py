@@ -10,6 +10,7 @@ import tempfile
 
 import pytest
 from data_samples import make_tokenizer, write_json, write_jsonl
+from harness import run_args
 
 from posttrainllm import data as D
 from posttrainllm.errors import DataError
@@ -323,26 +324,9 @@ def test_the_model_learns_the_assistants_words_not_the_users(tiny_model_dir, tmp
         out = tmp_path / name
         r = CliRunner().invoke(
             app,
-            [
-                "sft",
-                "--model",
-                str(tiny_model_dir),
-                "--dataset",
-                str(data),
-                "--output-dir",
-                str(out),
-                "--max-steps",
-                "30",
-                "--batch-size",
-                "8",
-                "--max-length",
-                "128",
-                "--lr",
-                "3e-3",
-                "--ood-eval",
-                str(probe),
-                *extra,
-            ],
+            run_args(
+                "sft", tiny_model_dir, data, out, *extra, steps=30, batch=8, max_length=128, lr="3e-3", ood_eval=probe
+            ),
         )
         assert r.exit_code == 0, r.output
         assert ("assistant turns (" in r.output) == (name == "default")

@@ -14,6 +14,7 @@ from data_samples import (
     write_json,
     write_jsonl,
 )
+from harness import cli_args
 
 from posttrainllm import data as D
 from posttrainllm.errors import DataError
@@ -197,28 +198,19 @@ def test_cli_streaming_trains_with_eval_and_replay(command, tiny_model_dir, alpa
     from posttrainllm.cli import app
 
     data = alpaca_file if command == "sft" else text_file
-    args = [
+    args = cli_args(
         command,
-        "--model",
-        str(tiny_model_dir),
-        "--dataset",
-        str(data),
-        "--output-dir",
-        str(tmp_path / "o"),
-        "--streaming",
-        "--batch-size",
-        "2",
-        "--max-length",
-        "256" if command == "sft" else "64",
-        "--eval-split",
-        "0.2",
-        "--replay-dataset",
-        str(text_file),
-        "--replay-ratio",
-        "0.25",
-        "--dataset-num-proc",
-        "2",
-    ]
+        tiny_model_dir,
+        data,
+        tmp_path / "o",
+        streaming=True,
+        batch_size=2,
+        max_length="256" if command == "sft" else "64",
+        eval_split="0.2",
+        replay_dataset=text_file,
+        replay_ratio="0.25",
+        dataset_num_proc=2,
+    )
     runner = CliRunner()
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and "--streaming needs --max-steps" in r.output

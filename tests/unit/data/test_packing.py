@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from data_samples import make_tokenizer, write_jsonl
+from harness import run_args
 
 from posttrainllm import data as D
 
@@ -133,8 +134,7 @@ def test_sft_packing_trains_padding_free_rows_and_says_so(captured_trainer, tiny
     seen = captured_trainer
     rows = [{"prompt": f"Add {i} and {i + 1}.", "completion": f" {2 * i + 1}."} for i in range(32)]
     data = write_jsonl(tmp_path / "pc.jsonl", rows)  # ~10 tokens a row: several fit in 128
-    argv = ["sft", "--model", str(tiny_model_dir), "--dataset", str(data), "--max-steps", "2",
-            "--batch-size", "2", "--max-length", "128", "--packing"]  # fmt: skip
+    argv = run_args("sft", tiny_model_dir, data, max_length=128, lr=None, packing=True)  # fmt: skip
     r = CliRunner().invoke(app, argv + ["--output-dir", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     assert "best-fit decreasing" in r.output

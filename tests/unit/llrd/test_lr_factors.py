@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
@@ -151,21 +152,7 @@ def test_flat_plan_with_a_factor_still_has_base_lr_elsewhere():
 def _dry(model_dir, data, out, *extra):
     return runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            str(model_dir),
-            "--dataset",
-            str(data),
-            "--output-dir",
-            str(out),
-            "--dry-run",
-            "--max-length",
-            "128",
-            "--lr",
-            "1e-3",
-            *extra,
-        ],
+        cli_args("sft", model_dir, data, out, *extra, dry_run=True, max_length=128, lr="1e-3"),
     )
 
 
@@ -238,17 +225,6 @@ def test_resume_with_changed_lr_groups_is_refused(tmp_path):
     )
     r = runner.invoke(
         app,
-        [
-            "sft",
-            "--model",
-            "org/m",
-            "--dataset",
-            "org/d",
-            "--output-dir",
-            str(out),
-            "--resume",
-            "--lr-group",
-            "mlp=0.25",
-        ],
+        cli_args("sft", "org/m", "org/d", out, resume=True, lr_group="mlp=0.25"),
     )
     assert r.exit_code == 2 and "lr_groups" in r.output and "--allow-config-change" in r.output

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import CORPUS, build_tiny_model, build_tokenizer
+from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm import evaluate as ev
@@ -157,7 +158,5 @@ def test_eval_reference_with_another_tokenizer_is_refused(tmp_path, tok_and_mode
     b = _save(build_tiny_model(tok2, n_layers=2), tok2, tmp_path / "b")
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
-    r = CliRunner().invoke(
-        app, ["eval", "--model", a, "--reference", b, "--text", str(text), "--max-length", "24", "--json"]
-    )
+    r = CliRunner().invoke(app, cli_args("eval", a, reference=b, text=text, max_length=24, json=True))
     assert r.exit_code == 2 and "tokenizes text differently" in r.output
