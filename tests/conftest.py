@@ -20,6 +20,7 @@ if "HF_DATASETS_CACHE" not in os.environ:
 from pathlib import Path
 
 import pytest
+from harness import cli_args, free_port, run_args, torchrun, torchrun_cmd  # noqa: F401  the run harness, shared
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -125,6 +126,22 @@ def check_optimizer_groups(optimizer, model, lr, gamma, *, not_in=()):
     for other in not_in:
         assert not {id(p) for p in other.parameters()} & set(in_optimizer)
     return groups
+
+
+def saved_groups(out):
+    """param_groups.json of a run: each group's name, lr, weight decay and parameter names (wrapper prefixes
+    stripped)."""
+    from posttrainllm.llrd import strip_wrappers
+
+    return [
+        {
+            "name": g["name"],
+            "lr": g["lr"],
+            "weight_decay": g["weight_decay"],
+            "params": [strip_wrappers(n) for n in g["params"]],
+        }
+        for g in json.loads((Path(out) / "param_groups.json").read_text())
+    ]
 
 
 def write_jsonl(path, rows):

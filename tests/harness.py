@@ -30,20 +30,6 @@ def run_args(command, model, data=None, out=None, *extra, steps=2, batch=2, max_
     return cli_args(command, model, data, out, *extra, **named)
 
 
-def invoke(args, **kwargs):
-    """The CLI run in-process (typer's CliRunner) on `args`."""
-    from typer.testing import CliRunner
-
-    from posttrainllm.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
-
-
-def tiny_run(command, model, data=None, out=None, *extra, **options):
-    """`run_args(...)` run in-process: the CliRunner result."""
-    return invoke(run_args(command, model, data, out, *extra, **options))
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import cli_args
+from conftest import saved_groups
+from harness import cli_args, free_port, torchrun_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 FSDP2_CPU = ROOT / "examples" / "accelerate" / "fsdp2_cpu.yaml"
@@ -99,12 +100,6 @@ SPY = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def accelerate_fsdp2(target, *args):
     """`accelerate launch --config_file examples/accelerate/fsdp2_cpu.yaml` of a script or of `-m posttrainllm`."""
     head = [
@@ -119,40 +114,11 @@ def accelerate_fsdp2(target, *args):
     return head + ([str(target)] if target else ["-m", "posttrainllm"]) + list(args)
 
 
-def torchrun_ddp(*args):
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        "-m",
-        "posttrainllm",
-        *args,
-    ]
-
-
 def run(cmd, **env):
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **env}, timeout=LIMIT, check=False)
     r.seconds = round(time.time() - t0, 1)
     return r
-
-
-def saved_groups(out):
-    from posttrainllm.llrd import strip_wrappers
-
-    return [
-        {
-            "name": g["name"],
-            "lr": g["lr"],
-            "weight_decay": g["weight_decay"],
-            "params": [strip_wrappers(n) for n in g["params"]],
-        }
-        for g in json.loads((Path(out) / "param_groups.json").read_text())
-    ]
 
 
 def losses(out):
@@ -195,17 +161,7 @@ def _fsdp_run(tmp_path_factory, command, model, dataset, data, args):
     spy = root / "spy"
     spy.mkdir()
     r = run(
-        accelerate_fsdp2(
-            data / "spy.py",
-            command,
-            "--model",
-            str(model),
-            "--dataset",
-            str(dataset),
-            "--output-dir",
-            str(root / "out"),
-            *args,
-        ),
+        accelerate_fsdp2(data / "spy.py", *cli_args(command, model, dataset, root / "out", *args)),
         SPY_DIR=str(spy),
     )
     check(r, f"FSDP2 {command}")
@@ -214,7 +170,7 @@ def _fsdp_run(tmp_path_factory, command, model, dataset, data, args):
 
 def _ddp_run(tmp_path_factory, command, model, dataset, args):
     out = tmp_path_factory.mktemp(f"ddp-{command}") / "out"
-    r = run(torchrun_ddp(command, "--model", str(model), "--dataset", str(dataset), "--output-dir", str(out), *args))
+    r = run(torchrun_cmd(None, *cli_args(command, model, dataset, out, *args)))
     check(r, f"DDP {command}")
     return out
 
@@ -252,22 +208,11 @@ def test_the_step_count_divides_the_rows_among_the_ranks():
 def test_the_banner_of_a_two_rank_epoch_run_shows_the_steps_it_trains(tmp_path, tiny_model_dir, data):
     out = tmp_path / "out"
     r = run(
-        torchrun_ddp(
-            "sft",
-            "--model",
-            str(tiny_model_dir),
-            "--dataset",
-            str(data / "alpaca.json"),
-            "--output-dir",
-            str(out),
-            "--epochs",
-            "1",
-            "--batch-size",
-            "4",
-            "--max-length",
-            "128",
-            "--save-steps",
-            "100",
+        torchrun_cmd(
+            None,
+            *cli_args(
+                "sft", tiny_model_dir, data / "alpaca.json", out, epochs=1, batch_size=4, max_length=128, save_steps=100
+            ),
         ),
         COLUMNS="200",  # the banner row on one line
     )
@@ -353,17 +298,7 @@ def test_fsdp2_sigterm_then_resume_from_sharded_checkpoints_reproduces_the_losse
 ):
     reference, _, _ = fsdp_sft
     out = tmp_path / "out"
-    cmd = accelerate_fsdp2(
-        None,
-        "sft",
-        "--model",
-        str(tiny_model_dir),
-        "--dataset",
-        str(data / "alpaca.json"),
-        "--output-dir",
-        str(out),
-        *SFT,
-    )
+    cmd = accelerate_fsdp2(None, *cli_args("sft", tiny_model_dir, data / "alpaca.json", out, *SFT))
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import saved_groups
 from harness import run_args, torchrun
 from torch import nn
 from typer.testing import CliRunner
@@ -32,20 +33,6 @@ def optimizer_groups(optimizer, model):
             "params": [name_of[id(p)] for p in g["params"]],
         }
         for g in optimizer.param_groups
-    ]
-
-
-def saved_groups(out):
-    from posttrainllm.llrd import strip_wrappers
-
-    return [
-        {
-            "name": g["name"],
-            "lr": g["lr"],
-            "weight_decay": g["weight_decay"],
-            "params": [strip_wrappers(n) for n in g["params"]],
-        }
-        for g in json.loads((Path(out) / "param_groups.json").read_text())
     ]
 
 
