@@ -1,5 +1,5 @@
-"""The tests' one harness for runs: the argument list of a tiny run, that run through the CLI in-process, and a
-torchrun launch. conftest.py re-exports it; every folder imports it (pyproject: pythonpath = ["tests"])."""
+"""The tests' one harness for runs: the argument list of a CLI call or of a tiny run, and a torchrun launch on a free
+port. conftest.py re-exports it; every test folder imports it (pyproject: pythonpath = ["tests"])."""
 
 import os
 import socket
