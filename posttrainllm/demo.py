@@ -67,7 +67,7 @@ def results_table(summary: dict) -> Table:
 
 
 def render_table(summary: dict) -> str:
-    """The table as plain text, the same on every terminal (what the README quotes; tests/test_demo.py checks it)."""
+    """The table as plain text, the same on every terminal (the README quotes it; tests/e2e/test_demo.py checks it)."""
     import io
 
     from rich.console import Console

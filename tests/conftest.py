@@ -20,6 +20,7 @@ if "HF_DATASETS_CACHE" not in os.environ:
 from pathlib import Path
 
 import pytest
+from harness import cli_args, free_port, run_args, torchrun, torchrun_cmd  # noqa: F401  the run harness, shared
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -127,6 +128,22 @@ def check_optimizer_groups(optimizer, model, lr, gamma, *, not_in=()):
     return groups
 
 
+def saved_groups(out):
+    """param_groups.json of a run: each group's name, lr, weight decay and parameter names (wrapper prefixes
+    stripped)."""
+    from posttrainllm.llrd import strip_wrappers
+
+    return [
+        {
+            "name": g["name"],
+            "lr": g["lr"],
+            "weight_decay": g["weight_decay"],
+            "params": [strip_wrappers(n) for n in g["params"]],
+        }
+        for g in json.loads((Path(out) / "param_groups.json").read_text())
+    ]
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -189,8 +206,21 @@ def text_file(tmp_path):
     return p
 
 
+# ------------------------------------------------------------------------ the layout: tests/e2e is the smoke set
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e trains a tiny model or launches processes: it is marked `smoke`, so that
+    `-m "not slow and not smoke"` is the fast set (tests/unit and tests/cli less their marked tests)."""
+    for item in items:
+        if E2E in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.smoke)
+
+
 # ------------------------------------------------------------------------ the suite leaves the checkout as it was
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent  # on sys.path (pyproject: pythonpath), so every folder imports conftest
 _NOT_OURS = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 

@@ -1,4 +1,4 @@
-"""Shared samples and helpers for the tests of posttrainllm.data (tests/test_data_*.py).
+"""Shared samples and helpers for the tests of posttrainllm.data (tests/unit/data/).
 
 Everything runs offline on files written into tmp_path and a byte-level BPE tokenizer trained here on a few
 strings.

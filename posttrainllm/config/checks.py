@@ -37,8 +37,8 @@ SCHEDULERS = (
     "warmup_stable_decay",
 )
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# DPOTrainer's loss types in the installed TRL (1.16), in its order; tests/test_dpo_losses.py checks this list equals
-# the branches of DPOTrainer's loss, so a TRL that adds or drops one fails there rather than here at run time.
+# DPOTrainer's loss types in the installed TRL (1.16), in its order; tests/cli/test_dpo_losses.py checks this list
+# equals the branches of DPOTrainer's loss, so a TRL that adds or drops one fails there rather than here at run time.
 DPO_LOSS_TYPES = (
     "sigmoid",
     "hinge",

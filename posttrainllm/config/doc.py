@@ -1,5 +1,5 @@
-"""The option table of docs/options.md, generated from the option definitions (tests/test_config.py checks that the
-page holds exactly this table). Regenerate it with `python -m posttrainllm.config.doc`."""
+"""The option table of docs/options.md, generated from the option definitions (tests/unit/config/test_config.py checks
+that the page holds exactly this table). Regenerate it with `python -m posttrainllm.config.doc`."""
 
 from __future__ import annotations
 

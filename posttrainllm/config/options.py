@@ -1,7 +1,7 @@
 """The option table: every option of every command, in the order the help lists them, one module per help panel
 (posttrainllm/config/panels/). The single source of the command-line flags (posttrainllm/cli.py builds the Typer
 app from it), the recipe keys, the RunConfig fields (posttrainllm/config/runconfig.py, written by config/typed.py) and
-the option table of docs/options.md (tests/test_config.py checks it). Imports no torch/transformers."""
+the option table of docs/options.md (tests/unit/config/test_config.py checks it). Imports no torch/transformers."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ every later model's KL is computed from them.
 where p(T) and q(T) are the base's and the model's probability of any token outside S. By the log-sum inequality
 KL_k ≤ KL (grouping outcomes never raises a divergence), and KL_k = KL exactly when k ≥ the vocabulary (T empty).
 The gap is the divergence *within* the tail, weighted by p(T): small where the base puts little mass outside its
-top k. `DEFAULT_TOP_K` = 256; tests/test_base_cache.py checks the exact case and the bound.
+top k. `DEFAULT_TOP_K` = 256; tests/unit/evaluate/test_base_cache.py checks the exact case and the bound.
 
 The cache key covers the base (what its directory holds: rundir.fingerprint.input_identity), the text (SHA-256),
 the window length, k and this format's version: a changed text or base gets a new entry. Entries are written to a

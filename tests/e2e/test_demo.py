@@ -1,0 +1,94 @@
+"""The offline demo runs end to end with no network and prints the comparison table."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrainllm import demo_data
+
+
+@pytest.mark.smoke
+def test_demo_quick_runs_offline(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "demo"
+    r = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "flat vs layer-wise LR decay" in r.stdout
+    results = json.loads((out / "demo_results.json").read_text())
+    assert len(results) == 2
+    for row in results.values():
+        assert row["eval_loss"] > 0 and row["before"] > 0 and row["after"] > 0
+    again = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_demo_data_comes_from_this_python_install(tmp_path):
+    files = demo_data.write_demo_files(tmp_path)
+    assert files["pretrain"].stat().st_size > 100_000
+    assert files["heldout_code"].read_text() not in files["pretrain"].read_text()
+
+
+# ------------------------------------------------------------------------------ the README's demo table is true
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "docs" / "demo_results.json"
+
+
+def test_the_readme_quotes_the_recorded_demo_run():
+    """docs/demo_results.json is the last full `posttrainllm demo` (its demo_results.json plus what the numbers
+    depend on); the README's table is that record rendered the way the demo prints it, and names its environment."""
+    from posttrainllm import demo
+
+    record = json.loads(RECORD.read_text())
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert demo.render_table(record["runs"]) in readme
+    env = record["environment"]
+    assert f"torch {env['torch']}" in readme and f"{env['threads']} threads" in readme
+    assert ("demo --quick" in readme) == env["quick"]  # the README says which demo the table is
+
+
+def test_the_demo_prints_its_table_as_render_table_does(tmp_path):
+    from posttrainllm import demo
+
+    runs = {"flat (γ=1.0)": {"eval_loss": 1.5, "before": 100.0, "after": 150.0, "change_pct": 50.0}}
+    text = demo.render_table(runs)
+    assert "flat (γ=1.0)" in text and "+50.0%" in text and demo.TABLE_TITLE in text
+    assert all(line == line.rstrip() for line in text.splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("POSTTRAINLLM_CHECK_DEMO"), reason="set POSTTRAINLLM_CHECK_DEMO=1 (minutes)")
+def test_a_fresh_demo_reproduces_the_record(tmp_path):
+    """Opt-in: the recorded demo (full or --quick), re-run in this environment, gives the recorded numbers."""
+    import torch
+
+    record = json.loads(RECORD.read_text())
+    if (
+        torch.__version__ != record["environment"]["torch"]
+        or torch.get_num_threads() != record["environment"]["threads"]
+    ):
+        pytest.skip("the record was made with another torch version or thread count")
+    out = tmp_path / "demo"
+    quick = ["--quick"] if record["environment"]["quick"] else []
+    r = subprocess.run(
+        [sys.executable, "-m", "posttrainllm", "demo", *quick, "--output-dir", str(out)], capture_output=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    fresh = json.loads((out / "demo_results.json").read_text())
+    for label, row in record["runs"].items():
+        assert fresh[label]["eval_loss"] == pytest.approx(row["eval_loss"], rel=1e-3)
+        assert fresh[label]["change_pct"] == pytest.approx(row["change_pct"], abs=0.5)
