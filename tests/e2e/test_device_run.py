@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_DATA
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
