@@ -222,14 +222,19 @@ def pytest_collection_modifyitems(items):
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent  # on sys.path (pyproject: pythonpath), so every folder imports conftest
 _NOT_OURS = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+_BENCH_OUTPUT = {"bench/out", "studies/out"}  # where benchmarks and studies write (ignored by git), never a test
 
 
 def checkout_listing(root: Path = REPO) -> set[str]:
     """Every file and directory of the checkout (relative paths), the environment and caches excepted."""
     found = set()
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _NOT_OURS and not d.endswith(".egg-info")]
         rel = Path(dirpath).relative_to(root)
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d not in _NOT_OURS and not d.endswith(".egg-info") and (rel / d).as_posix() not in _BENCH_OUTPUT
+        ]
         found |= {(rel / n).as_posix() for n in dirnames + filenames}
     return found
 
