@@ -16,7 +16,8 @@ cp -r pyproject.toml README.md posttrainllm "$work/src/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 "$python" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 wheel=$(ls "$work"/dist/posttrainllm-*.whl)
-"$python" -m zipfile -l "$wheel" | grep -q "posttrainllm/recipes/alpaca-sft-llrd.yaml"
+"$python" -m zipfile -l "$wheel" > "$work/wheel.txt"  # to a file: `| grep -q` would end the listing early (pipefail)
+grep -q "posttrainllm/recipes/alpaca-sft-llrd.yaml" "$work/wheel.txt"
 
 # A fresh environment (no --system-site-packages); the CPU build of PyTorch first, as the README says.
 "$python" -m venv "$work/venv"
@@ -27,7 +28,8 @@ echo "wheel built and installed in $((SECONDS - start)) s"
 
 mkdir "$work/user" && cd "$work/user"
 "$work/venv/bin/python" -c 'import posttrainllm as p, sys; sys.exit("/site-packages/" not in p.__file__)'
-"$posttrainllm" recipes | tee recipes.txt
+"$posttrainllm" recipes > recipes.txt
+cat recipes.txt
 grep -q "^alpaca-sft-llrd " recipes.txt
 "$posttrainllm" demo --quick --output-dir demo
 echo "demo --quick done at $((SECONDS - start)) s"
