@@ -46,7 +46,30 @@ class OptionalValueCommand(TyperCommand):
 
     def parse_args(self, ctx, args):
         ctx.meta["posttrainllm.argv"] = [ctx.info_name, *args]  # the command line as given (model card, resume hint)
-        return super().parse_args(ctx, with_bare_values(self.command_name, list(args)))
+        try:
+            return super().parse_args(ctx, with_bare_values(self.command_name, list(args)))
+        except Exception as e:  # click's NoSuchOption carries the flag: say which commands do take it
+            flag = getattr(e, "option_name", None)
+            others = _commands_taking(flag) if isinstance(flag, str) else []
+            if others and self.command_name not in others:
+                takers = ", ".join(others[:-1]) + f" and {others[-1]}" if len(others) > 1 else others[0]
+                e.message = (
+                    f"{flag} is not an option of {self.command_name} ({takers} take{'s' if len(others) == 1 else ''} "
+                    f"it); `posttrainllm {self.command_name} --help` lists {self.command_name}'s options"
+                )
+                e.possibilities = None
+            raise
+
+
+def _commands_taking(flag: str) -> list[str]:
+    """The commands that have an option `flag` (its name or an older name), in the order of the option table."""
+    from posttrainllm.config.options import EXTRA_OPTIONS, OPTIONS
+
+    found: dict[str, None] = {}
+    for o in (*OPTIONS, *EXTRA_OPTIONS.values()):
+        if flag == o.cli_flag or flag in o.deprecated_flags:
+            found.update(dict.fromkeys(o.commands))
+    return list(found)
 
 
 app = typer.Typer(

@@ -205,3 +205,21 @@ def test_pretrain_layer_decay_is_one_internal_name():
 
     cfg = resolve("pretrain", {"dataset": "org/corpus", "llrd": "0.8"})
     assert cfg.llrd == 0.8 and cfg.to_dict()["llrd"] == 0.8 and "lr_layer_decay" not in cfg.to_dict()
+
+
+@pytest.mark.parametrize(
+    "command, flag, takers",
+    [("dpo", "--kl-to-base", "sft and finetune"), ("merge", "--replay-dataset", "sft and finetune"),
+     ("eval", "--self-replay", "sft, finetune, dpo and kto")],
+)  # fmt: skip
+def test_an_option_of_other_commands_is_named_as_theirs(command, flag, takers):
+    """An option the command does not take but others do: exit 2 naming the commands that take it."""
+    r = runner.invoke(app, [command, flag, "1"])
+    assert r.exit_code == 2
+    assert f"{flag} is not an option of {command} ({takers} take it)" in r.output
+    assert "Possible options" not in r.output
+
+
+def test_an_unknown_option_still_gets_click_suggestions():
+    r = runner.invoke(app, ["sft", "--kl-too", "0.1"])
+    assert r.exit_code == 2 and "No such option: --kl-too" in r.output and "--kl-to-base" in r.output

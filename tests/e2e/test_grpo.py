@@ -163,7 +163,7 @@ def _args(model, data, out, *extra, command="grpo"):
         (["--reward-regex", "a", "--reward-weights", "1,2"], "--reward-weights has 2 weight(s) for 1 reward(s)"),
         (["--reward-regex", "a", "--answer-pattern", "x"], "--answer-pattern goes with --reward-match COLUMN"),
         (["--reward-fn", "nocolon"], "--reward-fn must be module:function or path/to/file.py:function"),
-        (["--reward-regex", "a", "--max-length", "64"], "No such option: --max-length"),
+        (["--reward-regex", "a", "--max-length", "64"], "--max-length is not an option of grpo"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(extra, says, tiny_model_dir, prompt_file, tmp_path):
