@@ -108,7 +108,10 @@ def _records(results: dict, cell: Cell, cell_record: dict, gamma: float) -> list
             cell_record.setdefault("trainer_eval_loss", cell_record.get("eval_loss"))
             cell_record.update(measured)
             continue
-        record = {k: cell_record[k] for k in ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "seed")}
+        # a cell recorded by an older sweep has no kl_to_base / self_replay: they were off
+        record = {
+            k: cell_record.get(k, 0) for k in ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "seed")
+        }
         out.append(
             {**record, **measured, "cell": f"{cell.name}/{merge.name}", "merge": merge.name, "merge_label": merge.label}
         )

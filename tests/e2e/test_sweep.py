@@ -349,3 +349,20 @@ def test_a_sweep_scores_the_base_once_per_held_out_text_for_all_its_cells_and_me
     assert len(scored) == 2 and len({s["key"] for s in scored}) == 2
     for c in result["cells"]:
         assert set(c["ood_kl"]) == {"ood.txt", "ood2.txt"} and all(v >= 0 for v in c["ood_kl"].values())
+
+
+def test_merges_of_a_cell_recorded_by_an_older_sweep_count_the_newer_axes_as_off():
+    """A cell finished by a sweep from before --kl-to-base/--self-replay has no such keys in its record."""
+    from posttrainllm.sweep.grid import Cell
+    from posttrainllm.sweep.merges import _records
+
+    old = {"gamma": 0.9, "lr": 1e-3, "replay_ratio": 0.0, "seed": 0, "eval_loss": 2.0, "fingerprint": "x"}
+    results = {
+        "points": [
+            {"label": "base", "alpha": 0.0, "eval_loss": 3.0, "held_out": {}},
+            {"label": "alpha=0.5", "alpha": 0.5, "eval_loss": 2.5, "held_out": {"o": {"change_pct": 1.0, "kl": 0.1}}},
+        ]
+    }
+    (rec,) = _records(results, Cell(0.9, 1e-3, 0.0, 0), old, 1.0)
+    assert (rec["kl_to_base"], rec["self_replay"], rec["merge"]) == (0, 0, "merge-a0.5")
+    assert rec["ood_kl"] == {"o": 0.1} and rec["eval_loss"] == 2.5
