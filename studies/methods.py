@@ -1,0 +1,247 @@
+"""Every forgetting method at equal in-domain loss, in the regime study's code setting (SmolLM2-135M-Instruct).
+
+    python studies/methods.py                        # train, merge and evaluate every cell (resumable)
+    python studies/methods.py --phase report         # only the tables and the frontier plot, from what has finished
+    python studies/methods.py --seeds 2 --heldout-offset 40000    # an independent replication: other seed, texts
+    python studies/methods.py --only kl,llrd0.9      # a subset of the methods (names as in METHODS)
+
+The setting is regime.py's `code` one (`posttrainllm finetune` on the stdlib modules up to typing.py, 240 steps of
+batch 4 x 192 tokens from the healed base, the same arguments), run first by `studies/regime.py`, whose healed base,
+data files and flat runs this script reuses (a flat cell of regime.py is not trained again). Each method is one
+extra group of CLI arguments on that run:
+
+  flat         the flat LR grid (regime.py's runs): the baseline a careful user tunes
+  llrd0.9      --llrd 0.9 (block 0 at 0.9^29 = 0.047 of the top's LR) at 1e-4 and 2e-4
+  llrd0.97     --llrd 0.97 (block 0 at 0.41) at 1e-4 and 2e-4
+  replay5      --replay-dataset (documentation prose the base saw, disjoint from every held-out text) at 5%
+  replay25     the same at 25%
+  kl           --kl-to-base 0.5 (the LM loss plus 0.5 x the per-token KL to the starting model)
+  selfreplay   --self-replay 128 at --replay-ratio 0.25 (samples of the starting model, no replay data needed)
+  merges       no training: `posttrainllm merge` of a trained cell toward the healed base, uniform (WiSE-FT,
+               alpha 0.5 and 0.75) and depth-scaled (--llrd 0.9 with alpha 1: layer decay after training)
+
+Every model, trained or merged, is scored the same way, by `posttrainllm eval --reference HEALED`: in-domain, the
+log-perplexity of a 32k-character slice of the held-out stdlib modules; forgetting, the perplexity change and the
+per-token KL(healed || model) on held-out documentation prose and Shakespeare (--heldout-chars each, fixed files, the
+same for every seed), and the change of the Alpaca completion loss (the last 99 examples: instruction following).
+Results: studies/out/methods/ (not committed); tables and docs/methods_frontier.png go into docs/results.md by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "studies"))
+
+from common import cli, machine, splits  # noqa: E402
+from regime import COMMON, HEAL_CHARS  # noqa: E402
+from regime import OUT as REGIME_OUT  # noqa: E402
+
+OUT = ROOT / "studies" / "out" / "methods"
+STEPS = 240
+BASE_LR = "1e-4"
+REPLAY_CHARS = 600_000
+HELD_OUT = ("prose", "shakespeare")
+MERGE_ALPHAS = "0.5,0.75"
+MERGE_DEPTH_GAMMA = "0.9"
+
+# method name -> [(LR, extra CLI arguments)]
+METHODS: dict[str, list[tuple[str, list[str]]]] = {
+    "flat": [("1e-4", []), ("3e-4", []), ("3e-5", [])],
+    "kl": [(BASE_LR, ["--kl-to-base", "0.5"])],
+    "llrd0.9": [(BASE_LR, ["--llrd", "0.9"]), ("2e-4", ["--llrd", "0.9"])],
+    "replay25": [(BASE_LR, ["--replay-ratio", "0.25", "--replay-dataset", "{replay}"])],
+    "selfreplay": [(BASE_LR, ["--self-replay", "128", "--replay-ratio", "0.25"])],
+    "llrd0.97": [(BASE_LR, ["--llrd", "0.97"]), ("2e-4", ["--llrd", "0.97"])],
+    "replay5": [(BASE_LR, ["--replay-ratio", "0.05", "--replay-dataset", "{replay}"])],
+}
+# which trained cells are merged back toward the base (method, LR)
+MERGED = [("flat", "1e-4"), ("flat", "3e-4"), ("llrd0.9", "2e-4")]
+
+
+def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    sp = splits()
+    texts = {
+        "code_eval": sp["code_held"][offset : offset + 32_000],
+        "prose": sp["docs_held"][offset : offset + heldout_chars],
+        "shakespeare": sp["shakespeare_held"][offset : offset + heldout_chars],
+        # replayed prose: documentation the base saw in kind, after the healing slice, no held-out document
+        "replay": sp["docs_train"][HEAL_CHARS : HEAL_CHARS + REPLAY_CHARS],
+    }
+    files = {}
+    for key, text in texts.items():
+        files[key] = out / f"{key}.txt"
+        files[key].write_text(text, encoding="utf-8")
+    files["alpaca_val"] = out / "alpaca_val.json"
+    files["alpaca_val"].write_text(json.dumps(sp["alpaca_val"]))
+    files["code_train"] = out / "code_train.txt"
+    files["code_train"].write_text(sp["code_train"], encoding="utf-8")
+    # the training run's own eval set: the same file as regime.py's code setting, so that its flat runs are reusable
+    files["regime_code_eval"] = REGIME_OUT / "data" / "code_eval.txt"
+    return files
+
+
+def cells(seeds: list[int], only: list[str] | None) -> list[dict]:
+    names = [m for m in METHODS if only is None or m in only]
+    return [
+        dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=extra)
+        for seed in seeds
+        for m in names
+        for lr, extra in METHODS[m]
+    ]
+
+
+def _regime_run(cell: dict) -> Path:
+    return REGIME_OUT / "runs" / f"code-flat-lr{cell['lr']}-s{cell['seed']}" / "training_complete.json"
+
+
+def train(cell: dict, files: dict, healed: Path, out: Path) -> Path:
+    if cell["method"] == "flat" and _regime_run(cell).is_file():  # regime.py's run of the same arguments
+        return _regime_run(cell).parent
+    run_dir = out / "runs" / cell["name"]
+    if (run_dir / "training_complete.json").is_file():
+        return run_dir
+    extra = [a.replace("{replay}", str(files["replay"])) for a in cell["extra"]]
+    print(f"train {cell['name']}", flush=True)
+    t = cli(
+        ["finetune", "--dataset", str(files["code_train"]), "--eval-dataset", str(files["regime_code_eval"]),
+         "--model", str(healed), "--output-dir", str(run_dir), "--overwrite", "--lr", cell["lr"],
+         "--seed", str(cell["seed"]), "--max-steps", str(STEPS), "--warmup-ratio", "0.05",
+         "--eval-steps", str(STEPS // 4), *COMMON, *extra],
+        out / "logs" / f"{cell['name']}.log",
+    )  # fmt: skip
+    (run_dir / "study_wall_s.txt").write_text(f"{t:.1f}\n")
+    print(f"  done in {t:.0f} s", flush=True)
+    return run_dir
+
+
+def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path) -> dict:
+    dest = out / "eval" / f"{name}.json"
+    if dest.is_file():
+        return json.loads(dest.read_text())
+    args = ["eval", "--model", str(model), "--reference", str(healed), "--max-length", "192", "--json"]
+    for key in ("code_eval", *HELD_OUT):
+        args += ["--text", str(files[key])]
+    args += ["--sft-dataset", str(files["alpaca_val"])]
+    print(f"eval {name}", flush=True)
+    partial = dest.with_name(dest.name + ".partial")  # a failed eval leaves no result that looks finished
+    t = cli(args, out / "logs" / f"eval-{name}.log", stdout=partial)
+    res = json.loads(partial.read_text())
+    res["eval_wall_s"] = t
+    dest.write_text(json.dumps(res))
+    partial.unlink()
+    print(f"  done in {t:.0f} s", flush=True)
+    return res
+
+
+def merges(cell: dict, run_dir: Path, healed: Path, files: dict, out: Path) -> None:
+    """Uniform merges at MERGE_ALPHAS and the depth-scaled merge (--llrd γ, alpha 1), each evaluated, then deleted."""
+    kinds = {
+        "uniform": ["--alpha", MERGE_ALPHAS],
+        f"depth{MERGE_DEPTH_GAMMA}": ["--alpha", "1.0", "--llrd", MERGE_DEPTH_GAMMA],
+    }
+    for kind, args in kinds.items():
+        alphas = args[1].split(",")
+        names = [f"merge-{kind}-a{a}-{cell['name']}" for a in alphas]
+        if all((out / "eval" / f"{n}.json").is_file() for n in names):
+            continue
+        dest = out / "merged" / f"{kind}-{cell['name']}"
+        print(f"merge {kind} {cell['name']}", flush=True)
+        t = cli(["merge", "--base", str(healed), "--model", str(run_dir), "--output-dir", str(dest), "--overwrite",
+                 *args], out / "logs" / f"merge-{kind}-{cell['name']}.log")  # fmt: skip
+        for a, n in zip(alphas, names):
+            model = dest / f"alpha-{a}" if len(alphas) > 1 else dest
+            res = evaluate(n, model, healed, files, out)
+            res["merge_wall_s"] = t / len(alphas)
+            (out / "eval" / f"{n}.json").write_text(json.dumps(res))
+        shutil.rmtree(dest)  # 0.5 GB each; the measurements are kept
+
+
+def _row(name: str, res: dict, base: dict, wall: str) -> tuple[float, list[str]]:
+    ind = res["code_eval.txt"]["nll"]
+    cols = [f"{ind:.4f}"]
+    for key in HELD_OUT:
+        r, b = res[f"{key}.txt"], base[f"{key}.txt"]
+        cols.append(f"{100 * (r['perplexity'] / b['perplexity'] - 1):+.1f}% / {r['kl']:.4f}")
+    d = res["sft"]["loss"] - base["sft"]["loss"]
+    cols.append(f"{100 * (math.exp(d) - 1):+.1f}%")
+    cols.append(wall)
+    return ind, [name, *cols]
+
+
+def report(out: Path, all_cells: list[dict]) -> str:
+    """One row per evaluated model (trained or merged), sorted by in-domain loss; the forgetting columns are the
+    held-out perplexity change against the healed base and the mean per-token KL to it."""
+    base_file = out / "eval" / "healed.json"
+    if not base_file.is_file():
+        return "(no healed evaluation yet)"
+    base = json.loads(base_file.read_text())
+    rows = [_row("healed base", base, base, "0")]
+    for ev in sorted((out / "eval").glob("*.json")):
+        if ev.stem == "healed":
+            continue
+        res = json.loads(ev.read_text())
+        run = next((c for c in all_cells if c["name"] == ev.stem), None)
+        wall = ""
+        if run is not None:
+            for d in (out / "runs" / run["name"], REGIME_OUT / "runs" / f"code-flat-lr{run['lr']}-s{run['seed']}"):
+                if (d / "study_wall_s.txt").is_file():
+                    wall = (d / "study_wall_s.txt").read_text().strip()
+                    break
+        else:
+            wall = f"{res.get('merge_wall_s', 0):.0f} (merge)"
+        rows.append(_row(ev.stem, res, base, wall))
+    rows.sort(key=lambda r: r[0])
+    head = ["model", "in-domain NLL (code)", *(f"{k} PPL / KL" for k in HELD_OUT), "Alpaca loss PPL", "train s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r[1]) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--phase", choices=["all", "report"], default="all")
+    ap.add_argument("--seeds", default="1")
+    ap.add_argument("--only", default=None, help="comma-separated method names (default: all)")
+    ap.add_argument("--heldout-chars", type=int, default=20_000)
+    ap.add_argument("--heldout-offset", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    out: Path = args.out
+    only = args.only.split(",") if args.only else None
+    todo = cells([int(s) for s in args.seeds.split(",")], only)
+    if args.phase == "all":
+        healed = REGIME_OUT / "healed"
+        if not (healed / "training_complete.json").is_file():
+            sys.exit("run studies/regime.py first (it heals the base and trains the flat cells)")
+        files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
+        (out / "meta.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv}, indent=2))
+        evaluate("healed", healed, healed, files, out)
+        # a flat cell regime.py has not trained yet goes last (regime.py may be training it now); trained here if
+        # it is still missing then
+        waiting = [c for c in todo if c["method"] == "flat" and not _regime_run(c).is_file()]
+        for cell in [c for c in todo if c not in waiting] + waiting:
+            t0 = time.time()
+            try:
+                run_dir = train(cell, files, healed, out)
+                evaluate(cell["name"], run_dir, healed, files, out)
+                if (cell["method"], cell["lr"]) in MERGED:
+                    merges(cell, run_dir, healed, files, out)
+            except RuntimeError as err:  # one failed cell (its log says why) does not stop the others
+                print(f"  FAILED {cell['name']}: {err}", flush=True)
+                continue
+            print(f"  cell {cell['name']}: {time.time() - t0:.0f} s", flush=True)
+            print(report(out, todo), flush=True)
+    print(report(out, todo))
+
+
+if __name__ == "__main__":
+    main()
