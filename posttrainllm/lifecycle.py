@@ -139,7 +139,7 @@ def ood_eval(model, tokenizer, cfg: RunConfig, reference=None) -> dict:
     return evaluate_files(model, tokenizer, list(cfg.ood_eval), window, progress=is_rank0(), reference=reference)
 
 
-def _cache_args(cfg: RunConfig, model_path: str | None, model) -> dict | None:
+def _cache_args(cfg: RunConfig, model_path: str | None, model, precision: str) -> dict | None:
     """--eval-cache on one process: where the base's held-out evaluation is kept and what identifies the base (what
     its directory holds, and the dtype it is scored in). None: no cache (or several ranks: each scores its own)."""
     from posttrainllm.evaluate.base_cache import base_identity
@@ -147,32 +147,39 @@ def _cache_args(cfg: RunConfig, model_path: str | None, model) -> dict | None:
 
     if not cfg.eval_cache or world_size() > 1:
         return None
-    return {"cache_dir": cfg.eval_cache, "base_identity": base_identity(model_path or cfg.model, model)}
+    return {"cache_dir": cfg.eval_cache, "base_identity": base_identity(model_path or cfg.model, model, precision)}
 
 
 def ood_before(s: Setup, precision: str) -> dict:
     """The base's held-out results: from --eval-cache when it holds them (else scored now, the model still being the
     base, and kept there), or scored now."""
-    cached = _cache_args(s.cfg, s.model_path, s.model)
-    if cached is None:
-        return ood_eval(s.model, s.tokenizer, s.cfg)
-    from posttrainllm.evaluate.base_cache import base_results
+    from posttrainllm.evaluate.precision import scoring_autocast
 
-    window = s.cfg.max_length or DEFAULT_WINDOW
-    return base_results(lambda: s.model, s.tokenizer, list(s.cfg.ood_eval), window, **cached)
+    cached = _cache_args(s.cfg, s.model_path, s.model, precision)
+    with scoring_autocast(precision):
+        if cached is None:
+            return ood_eval(s.model, s.tokenizer, s.cfg)
+        from posttrainllm.evaluate.base_cache import base_results
+
+        window = s.cfg.max_length or DEFAULT_WINDOW
+        return base_results(lambda: s.model, s.tokenizer, list(s.cfg.ood_eval), window, **cached)
 
 
 def ood_after(s: Setup, model, precision: str) -> dict:
     """The tuned model's held-out results with the KL to the base: from the cached base (one forward per batch, the
     base not loaded), or against the base loaded again."""
-    cached = _cache_args(s.cfg, s.model_path, model)
+    from posttrainllm.evaluate.precision import scoring_autocast
+
+    cached = _cache_args(s.cfg, s.model_path, model, precision)
     if cached is None:
         reference = kl_reference(s.cfg, s.model_path, precision)
-        return ood_eval(model, s.tokenizer, s.cfg, reference=reference)
+        with scoring_autocast(precision):
+            return ood_eval(model, s.tokenizer, s.cfg, reference=reference)
     from posttrainllm.evaluate.base_cache import results_against_base
 
     window = s.cfg.max_length or DEFAULT_WINDOW
-    return results_against_base(model, s.tokenizer, list(s.cfg.ood_eval), window, progress=None, **cached)
+    with scoring_autocast(precision):
+        return results_against_base(model, s.tokenizer, list(s.cfg.ood_eval), window, progress=None, **cached)
 
 
 def kl_reference(cfg: RunConfig, model_path: str | None, precision: str):

@@ -50,11 +50,13 @@ def main(cfg: RunConfig) -> None:
     from posttrainllm import banner
     from posttrainllm import evaluate as ev
     from posttrainllm.config.recipe import producing_recipe
-    from posttrainllm.models import resolve_model
+    from posttrainllm.evaluate.precision import scoring_autocast
+    from posttrainllm.models import pick_precision, resolve_model
     from posttrainllm.planning import clamp_max_length
     from posttrainllm.training import quiet_progress_bars
 
     quiet_progress_bars()
+    precision = pick_precision(cfg.precision)  # before any model loads: fp16 on a CPU is a usage error
     model_path, _ = resolve_model(
         cfg.model, hint=lambda: producing_recipe(cfg.recipe, cfg.model), trust_remote_code=cfg.trust_remote_code
     )
@@ -70,16 +72,17 @@ def main(cfg: RunConfig) -> None:
         from posttrainllm import data
 
         sft_examples = data.load(cfg.sft_dataset)  # memory-mapped; scored in chunks
-    results = ev.evaluate_files(
-        model,
-        tokenizer,
-        list(cfg.text),
-        cfg.max_length,
-        sft_examples=sft_examples,
-        progress=True,  # on stderr: --json keeps stdout for the JSON
-        batch_size=cfg.eval_batch_size,
-        reference=reference,
-    )
+    with scoring_autocast(precision):
+        results = ev.evaluate_files(
+            model,
+            tokenizer,
+            list(cfg.text),
+            cfg.max_length,
+            sft_examples=sft_examples,
+            progress=True,  # on stderr: --json keeps stdout for the JSON
+            batch_size=cfg.eval_batch_size,
+            reference=reference,
+        )
     if cfg.json:
         print(json.dumps(ev.json_ready(results), allow_nan=False))
         return

@@ -41,13 +41,18 @@ _IDX, _LOGP, _TAIL, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_logp.bin", 
 RECORDED = "recorded.jsonl"
 
 
-def base_identity(model_path: str, model) -> dict:
-    """What identifies a base for the cache: what its directory (or file) holds, and the dtype it is scored in (the
-    model given is the base, or one loaded the same way)."""
+def base_identity(model_path: str, model, precision: str = "fp32") -> dict:
+    """What identifies a base for the cache: what its directory (or file) holds, the dtype it is scored in (the
+    model given is the base, or one loaded the same way) and the autocast it is scored under (``precision``:
+    evaluate/precision.py; a bf16 entry is never read by an fp32 evaluation, nor the other way round)."""
+    from posttrainllm.evaluate.precision import AUTOCAST_DTYPES
     from posttrainllm.rundir.fingerprint import input_identity
 
     dtype = next((str(p.dtype) for p in model.parameters()), "?")
-    return {"model": input_identity(model_path) or model_path, "dtype": dtype}
+    identity = {"model": input_identity(model_path) or model_path, "dtype": dtype}
+    if precision in AUTOCAST_DTYPES:  # fp32 keys stay as they were: entries recorded before this field still match
+        identity["autocast"] = AUTOCAST_DTYPES[precision]
+    return identity
 
 
 def entry_key(base_identity, text_path: str, max_length: int, top_k: int) -> str:

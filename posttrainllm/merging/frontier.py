@@ -114,14 +114,14 @@ def _mark_frontier(points: list[dict]) -> None:
         p["frontier"] = not any(key(q) != a and key(q)[0] <= a[0] and key(q)[1] <= a[1] for q in points)
 
 
-def _cache_args(cfg: RunConfig, base_dir, base_model, texts: list[str]) -> dict | None:
+def _cache_args(cfg: RunConfig, base_dir, base_model, texts: list[str], precision: str) -> dict | None:
     from posttrainllm.evaluate.base_cache import base_identity
 
     if not cfg.eval_cache or not texts:
         return None
     return {
         "cache_dir": cfg.eval_cache,
-        "base_identity": base_identity(str(base_dir), base_model),
+        "base_identity": base_identity(str(base_dir), base_model, precision),
         "batch_size": cfg.eval_batch_size,
     }
 
@@ -130,8 +130,17 @@ def measure_and_report(
     cfg: RunConfig, base_dir, merged: Sequence[tuple[float, object]], results_path, schedule: dict, examples
 ):
     """Evaluate the base once and every merged directory (alpha, directory) on cfg.ood_eval and the eval set
-    `examples` (or None), write `results_path` (with the `schedule` record) and print the frontier table. Returns
-    the results."""
+    `examples` (or None), at --precision (evaluate/precision.py), write `results_path` (with the `schedule` record)
+    and print the frontier table. Returns the results."""
+    from posttrainllm.evaluate.precision import scoring_autocast
+    from posttrainllm.models import pick_precision
+
+    precision = pick_precision(cfg.precision)
+    with scoring_autocast(precision):
+        return _measure(cfg, base_dir, merged, results_path, {**schedule, "precision": precision}, examples)
+
+
+def _measure(cfg: RunConfig, base_dir, merged, results_path, schedule: dict, examples):
     import gc
 
     from posttrainllm.evaluate import load_for_eval
@@ -140,7 +149,7 @@ def measure_and_report(
     base_model, tokenizer = load_for_eval(str(base_dir), trust_remote_code=cfg.trust_remote_code)
     recorder = _Recorder(base_model)
     texts = list(cfg.ood_eval or [])
-    cached = _cache_args(cfg, base_dir, base_model, texts)
+    cached = _cache_args(cfg, base_dir, base_model, texts, schedule["precision"])
     if cached is not None:  # --eval-cache: the base from the cache (scored there once per frontier)
         base = base_results(lambda: base_model, tokenizer, texts, cfg.max_length, **cached)
     else:

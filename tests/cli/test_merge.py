@@ -403,7 +403,8 @@ def test_a_sweep_measures_each_merge_as_eval_does_and_can_discard_the_weights(tm
     base, tuned = _pair(tmp_path, "llama")
     out = tmp_path / "sweep"
     args = ["--alpha", "0.5,1.0", "--ood-eval", str(text_file), "--eval-dataset", str(alpaca_file)]
-    r = _merge(base, tuned, out, *args, "--max-length", "128", "--discard-weights")
+    # --precision fp32: the direct evaluation below is fp32 (auto would be bf16 autocast on a CPU with bf16)
+    r = _merge(base, tuned, out, *args, "--max-length", "128", "--discard-weights", "--precision", "fp32")
     assert r.exit_code == 0, r.output
     assert "merge frontier" in r.output and not (out / "alpha-0.5").exists() and not (out / "alpha-1").exists()
     results = json.loads((out / "merge_results.json").read_text())

@@ -118,3 +118,38 @@ def test_trainer_config_for_bf16_on_cpu_is_autocast_on_the_cpu(tmp_path):
     )
     args = common_args(cfg, "bf16", has_eval=False)
     assert args["bf16"] is True and args["use_cpu"] is True and args["fp16"] is False
+
+
+def _eval(model_dir, text_file, precision, *extra):
+    args = cli_args("eval", model_dir, None, None, "--text", str(text_file), "--max-length", "48", "--json", *extra)
+    r = runner.invoke(app, [*args, "--precision", precision])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)[text_file.name]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_eval_scores_at_the_precision_training_picks(native, monkeypatch, tiny_model_dir, text_file):
+    """eval --precision: bf16 is autocast (close to fp32, not bit-identical), auto follows the CPU as training does."""
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native)
+    fp32, bf16, auto = (_eval(tiny_model_dir, text_file, p) for p in ("fp32", "bf16", "auto"))
+    assert bf16["perplexity"] != fp32["perplexity"]
+    assert bf16["perplexity"] == pytest.approx(fp32["perplexity"], rel=0.02)
+    assert auto == (bf16 if native else fp32)
+    # a reference scored under the same autocast as the model: its KL to itself is exactly 0 in either precision
+    for p in ("fp32", "bf16"):
+        assert _eval(tiny_model_dir, text_file, p, "--reference", str(tiny_model_dir))["kl"] == 0.0
+
+
+def test_the_base_caches_key_holds_the_scoring_precision(tiny_model_dir):
+    """A base scored under bf16 autocast is another cache entry than the fp32 one; fp32 keys are as before."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrainllm.evaluate.base_cache import base_identity, entry_key
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    fp32 = base_identity(str(tiny_model_dir), model, "fp32")
+    assert set(fp32) == {"model", "dtype"} and base_identity(str(tiny_model_dir), model) == fp32
+    bf16 = base_identity(str(tiny_model_dir), model, "bf16")
+    assert bf16 == {**fp32, "autocast": "bfloat16"}
+    text = tiny_model_dir / "config.json"
+    assert entry_key(fp32, str(text), 64, 8) != entry_key(bf16, str(text), 64, 8)

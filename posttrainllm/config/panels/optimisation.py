@@ -162,8 +162,10 @@ OPTIMISATION: tuple[Opt, ...] = (
         type=str,
         default="auto",
         help="auto (bf16 on GPUs that support it, else fp16 on GPU; on CPU bf16 autocast where the CPU has "
-        "AVX512-BF16/AMX, else fp32), fp32, bf16 (on CPU: autocast, fp32 weights) or fp16 (GPU).",
-        commands=TRAINING,
+        "AVX512-BF16/AMX, else fp32), fp32, bf16 (on CPU: autocast, fp32 weights) or fp16 (GPU). Held-out "
+        "evaluation (--ood-eval, eval, merge) scores at the same precision; fp32 gives exact figures where two "
+        "models differ very little (bf16 rounds the logits).",
+        commands=(*TRAINING, "eval", "merge"),
         check=one_of(PRECISIONS),
         metavar="NAME",
     ),
