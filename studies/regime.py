@@ -114,7 +114,18 @@ def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path) -> di
     dest = out / "eval" / f"{name}.json"
     if dest.is_file():
         return json.loads(dest.read_text())
-    args = ["eval", "--model", str(model), "--reference", str(healed), "--max-length", "192", "--json"]
+    args = [
+        "eval",
+        "--model",
+        str(model),
+        "--reference",
+        str(healed),
+        "--max-length",
+        "192",
+        "--json",
+        "--precision",
+        "fp32",
+    ]
     for key in ("code", "prose", "shakespeare"):
         args += ["--text", str(files[key])]
     args += ["--sft-dataset", str(files["alpaca_val"])]
