@@ -125,7 +125,18 @@ def train_phase(files: dict, gguf: Path, out: Path, grid: list[dict], heal_steps
 def evaluate(model: Path, reference: Path, files: dict, log: Path) -> dict:
     texts = [str(files[k]) for k in ("code", "prose", "shakespeare")]
     res = log.parent / f"{log.name}.json"  # not with_suffix: run names hold dots (llrd0.95-...)
-    args = ["eval", "--model", str(model), "--reference", str(reference), "--max-length", "192", "--json"]
+    args = [
+        "eval",
+        "--model",
+        str(model),
+        "--reference",
+        str(reference),
+        "--max-length",
+        "192",
+        "--json",
+        "--precision",
+        "fp32",
+    ]
     for t in texts:
         args += ["--text", t]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
