@@ -92,13 +92,15 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
     return files
 
 
-def cells(seeds: list[int], only: list[str] | None) -> list[dict]:
+def cells(seeds: list[int], only: list[str] | None, lrs: list[str] | None = None) -> list[dict]:
+    """The cells of `seeds` (all methods, or `only` those), each at its LRs (or only at those in `lrs`)."""
     names = [m for m in METHODS if only is None or m in only]
     return [
         dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=extra)
         for seed in seeds
         for m in names
         for lr, extra in METHODS[m]
+        if lrs is None or lr in lrs
     ]
 
 
@@ -313,6 +315,7 @@ def main() -> None:
     ap.add_argument("--phase", choices=["all", "report"], default="all")
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--only", default=None, help="comma-separated method names (default: all)")
+    ap.add_argument("--lrs", default=None, help="only the cells at these LRs (comma-separated, e.g. 1e-4)")
     ap.add_argument("--heldout-chars", type=int, default=20_000)
     ap.add_argument("--heldout-offset", type=int, default=0)
     ap.add_argument("--out", type=Path, default=OUT)
@@ -320,7 +323,7 @@ def main() -> None:
     args = ap.parse_args()
     out: Path = args.out
     only = args.only.split(",") if args.only else None
-    todo = cells([int(s) for s in args.seeds.split(",")], only)
+    todo = cells([int(s) for s in args.seeds.split(",")], only, args.lrs.split(",") if args.lrs else None)
     if args.phase == "all":
         healed = REGIME_OUT / "healed"
         if not (healed / "training_complete.json").is_file():
