@@ -22,10 +22,12 @@ from posttrainllm.llrd.structure import (
     _assign_depths,
     _config_num_layers,
     _first,
+    _io_embeddings,
     _Layout,
     _resolve_blocks,
     strip_wrappers,
 )
+from posttrainllm.llrd.towers import VisionArgs, find_towers
 
 # LoRA+ (Hayou et al., 2024): the B matrices of LoRA adapters (PEFT names them lora_B / lora_embedding_B).
 _LORA_B = re.compile(r"(?:^|\.)lora_(?:embedding_)?B(?:\.|$)")
@@ -144,11 +146,19 @@ def _pattern_factors(model: nn.Module, lr_groups: dict[str, float]) -> dict[int,
 
 @dataclass(frozen=True)
 class _Depths:
-    """The depths of a plan and their LR scales: N blocks (``layout`` None: one flat depth)."""
+    """The depths of a plan and their LR scales: N decoder blocks (``layout`` None: one flat depth) and, for a
+    vision-language model, M vision blocks and the projector.
+
+    Depth numbers: 0 embeddings, i + 1 block i, N + 1 head (as for a text model), then N + 2 vision embeddings,
+    N + 3 + j vision block j, N + M + 3 projector. ``order`` lists them input to output (vision, projector, text)."""
 
     layout: _Layout | None
     gamma: float
     min_scale: float
+    m: int = 0
+    vision_gamma: float = 1.0
+    projector_scale: float = 1.0
+    freeze_vision: bool = False
 
     @property
     def n(self) -> int:
@@ -156,35 +166,71 @@ class _Depths:
 
     @property
     def all(self) -> range:
-        return range(self.n + 2) if self.layout is not None else range(1)
+        if self.layout is None:
+            return range(1)
+        return range(self.n + self.m + 4) if self.m else range(self.n + 2)
+
+    @property
+    def order(self) -> list[int]:
+        text = list(range(self.n + 2)) if self.layout is not None else [0]
+        return [*range(self.n + 2, self.n + self.m + 4), *text] if self.m else text
+
+    def tower(self, d: int) -> str:
+        if not self.m or d <= self.n + 1:
+            return "language"
+        return "projector" if d == self.n + self.m + 3 else "vision"
 
     def scale(self, d: int) -> float:
         if self.layout is None:
             return 1.0
+        if self.tower(d) == "projector":
+            return self.projector_scale
+        if self.tower(d) == "vision":  # vision block j = d - N - 3 (embeddings: block 0's scale)
+            return max(self.vision_gamma ** (self.m - max(d - self.n - 2, 1)), self.min_scale)
         return max(1.0 if d > self.n else self.gamma ** (self.n - max(d, 1)), self.min_scale)
+
+    def frozen(self, d: int, freeze_below: float) -> bool:
+        """Planned frozen: a scale below ``freeze_below``, the vision tower under ``freeze_vision``, a projector
+        factor of 0."""
+        if self.layout is None:
+            return False
+        tower = self.tower(d)
+        return (
+            self.scale(d) < freeze_below
+            or (tower == "vision" and self.freeze_vision)
+            or (tower == "projector" and self.projector_scale == 0)
+        )
 
     def name(self, d: int) -> str:
         if self.layout is None:
             return "all"
+        if self.tower(d) == "projector":
+            return "projector"
+        if self.tower(d) == "vision":
+            return "vision.embeddings" if d == self.n + 2 else f"vision.block_{d - self.n - 3}"
         return "embeddings" if d == 0 else "head" if d == self.n + 1 else f"block_{d - 1}"
 
 
-def _layout(model, block_path, gamma, min_scale, freeze_below, warnings: list[str]) -> _Layout | None:
-    """The block layout, or None (a flat plan, with a warning) when it is not found and no decay needs it."""
+def _structure(model, block_path, vision: VisionArgs, requested: bool, warnings: list[str]):
+    """The decoder's block layout and, for a vision-language model, its towers; ``(None, None)`` (a flat plan, with
+    a warning) when they are not found and no decay needs them."""
     try:
-        layout = _resolve_blocks(model, block_path)
+        _, out_emb = _io_embeddings(model)
+        out_ids = {id(p) for p in out_emb.parameters()} if out_emb is not None else set()
+        towers = find_towers(model, block_path, vision.block_path, out_ids)
+        layout = towers.text if towers is not None else _resolve_blocks(model, block_path)
     except BlockStructureError as err:
-        if layer_decay_requested(gamma, min_scale, freeze_below):
+        if requested:
             raise
         warnings.append(f"LLRD: block structure not resolved, using one flat LR group (exact for γ = 1). {err}")
-        return None
+        return None, None
     n_cfg = _config_num_layers(model)
     if not layout.hierarchical and n_cfg is not None and len(layout.blocks) != n_cfg:
         warnings.append(
             f"LLRD: block list {layout.path} has {len(layout.blocks)} blocks but the config says {n_cfg}; "
             f"using N = {len(layout.blocks)}"
         )
-    return layout
+    return layout, towers
 
 
 def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_below):
@@ -201,7 +247,7 @@ def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_be
         counts[d][0] += p.numel()
         counts[d][1] += 1
         pattern, factor = patterns.get(id(p), (None, 1.0))
-        if (depths.layout is not None and depths.scale(d) < freeze_below) or factor == 0:
+        if depths.frozen(d, freeze_below) or factor == 0:
             frozen.append((name, p))
             continue
         key = (d if per_depth else None, pattern, id(p) in plus_ids, id(p) in decays)
@@ -215,7 +261,8 @@ def _groups(buckets, depths: _Depths, base_lr, weight_decay, lr_groups, loraplus
     """One optimizer group per bucket, in depth / pattern / LoRA+ / decay order, and their parameter names."""
     order = {pattern: i for i, pattern in enumerate([None, *lr_groups])}
     groups, param_names = [], {}
-    for key in sorted(buckets, key=lambda k: (-1 if k[0] is None else k[0], order[k[1]], k[2], not k[3])):
+    rank = {d: i for i, d in enumerate(depths.order)}
+    for key in sorted(buckets, key=lambda k: (-1 if k[0] is None else rank[k[0]], order[k[1]], k[2], not k[3])):
         d, pattern, plus, decay = key
         gname = depths.name(d) if d is not None else "all"
         gname += (f"+{pattern}" if pattern is not None else "") + ("+loraplus" if plus else "")
@@ -232,6 +279,7 @@ def _groups(buckets, depths: _Depths, base_lr, weight_decay, lr_groups, loraplus
                 "name": gname,
                 "scale": scale,
                 "depth": d,
+                "tower": depths.tower(d) if d is not None else "all",
                 "depth_scale": depth_scale,
                 "pattern": pattern,
                 "factor": float(factor),
@@ -282,6 +330,10 @@ def build_param_groups(
     block_path: str | None = None,
     lr_groups: dict[str, float] | None = None,
     loraplus_ratio: float = 1.0,
+    vision_gamma: float | None = None,
+    projector_scale: float | None = None,
+    freeze_vision: bool = False,
+    vision_block_path: str | None = None,
 ) -> LLRDPlan:
     """Optimizer param groups with layer-wise LR decay: ``torch.optim.AdamW(plan.groups)``.
 
@@ -303,15 +355,30 @@ def build_param_groups(
     If the block list cannot be found: ``BlockStructureError`` when ``layer_decay_requested(gamma, min_scale,
     freeze_below)``; otherwise a flat plan (``structure_found=False``) with a warning. ``block_path`` names the
     block list explicitly (e.g. ``"model.layers"``).
+
+    Vision-language models (``posttrainllm.llrd.towers``): vision block j of M trains at
+    ``vision_gamma ** (M - 1 - j)`` (``vision_gamma`` None: ``gamma``), its embeddings at block 0's scale, a norm after
+    its blocks at the top block's (1); the projector at ``projector_scale`` (None: 1; 0 freezes);
+    ``freeze_vision`` plans the whole tower frozen; ``vision_block_path`` names the vision block list. The decoder
+    keeps the text schedule. Example: M = 2, N = 3, gamma = 0.5, vision_gamma = 0.8, projector_scale = 2,
+    base_lr = 1e-3: vision.block_0 8e-4, vision.block_1 1e-3, projector 2e-3, block_0 2.5e-4, block_2 1e-3.
+    The vision settings on a model without a vision tower raise ``LLRDArgumentError``.
     """
     lr_groups = dict(lr_groups or {})
     _validate(base_lr, gamma, weight_decay, tied_policy, min_scale, freeze_below, lr_groups, loraplus_ratio)
     gamma, base_lr, weight_decay = float(gamma), float(base_lr), float(weight_decay)
     min_scale, freeze_below = float(min_scale), float(freeze_below)
+    vision = VisionArgs(vision_gamma, projector_scale, freeze_vision, vision_block_path)
+    vision.check(model)
     warnings: list[str] = []
-    layout = _layout(model, block_path, gamma, min_scale, freeze_below, warnings)
-    depths = _Depths(layout, gamma, min_scale)
+    requested = layer_decay_requested(gamma, min_scale, freeze_below) or vision.requested(gamma)
+    layout, towers = _structure(model, block_path, vision, requested, warnings)
+    m = towers.m if towers is not None else 0
+    vg = vision.gamma_or(gamma)
+    depths = _Depths(layout, gamma, min_scale, m, vg, vision.projector, bool(freeze_vision and m))
     depth, tied = _assign_depths(model, layout, tied_policy)
+    if towers is not None:
+        depth.update(towers.depths(depths.n))
     patterns = _pattern_factors(model, lr_groups)
     plus_ids = _lora_b_ids(model, loraplus_ratio)
     decays = _decay_mask(model, weight_decay)
@@ -348,4 +415,5 @@ def build_param_groups(
         param_depths={name: depth[id(p)] for name, p in model.named_parameters()},
         loraplus_ratio=float(loraplus_ratio),
         frozen_params=[p for _, p in frozen],
+        vision=None if towers is None else vision.record(towers, vg),
     )
