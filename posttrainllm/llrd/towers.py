@@ -11,8 +11,10 @@ A model is a vision-language model (VLM) when its config has a ``vision_config``
   there as for a text model (``block_path`` names them instead);
 * **the projector** (aligner) is every other parameter: neither in the vision tower nor in the language decoder nor
   the output head (LLaVA's ``multi_modal_projector``, Idefics3's ``connector``). Inside the tower, a submodule after
-  the blocks that is more than a norm (Qwen2-VL's ``visual.merger``: a norm and an MLP into the decoder's width) is
-  the projector too; a norm after the blocks (CLIP/SigLIP ``post_layernorm``) belongs to the top vision block.
+  the blocks that is more than a norm and whose last Linear maps into the decoder's width is the projector too
+  (Qwen2-VL's ``visual.merger``: a norm and an MLP into the decoder's width: the aligner); a norm after the blocks
+  (CLIP/SigLIP ``post_layernorm``) or another head of the tower (SigLIP's pooling head) belongs to the top vision
+  block. (When the vision and decoder widths are equal, such a head counts as the projector.)
 
 Every parameter lands in exactly one of: vision embeddings (the tower's parameters before its blocks: patch and
 position embeddings, class embedding, pre-norm), vision block j, projector, or a text depth (embeddings, block i,
@@ -241,9 +243,24 @@ def _norm_only(module: nn.Module) -> bool:
     return bool(params) and all(id(p) in norms for p in params)
 
 
-def _place_tower(tower: nn.Module, blocks: nn.Module) -> tuple[dict[int, int], set[int]]:
-    """Each tower parameter's vision depth (0 before the blocks, j + 1 in block j, M after them when it is a norm's)
-    and the ids of the tower's projector part (a submodule after the blocks that is more than a norm)."""
+def _out_width(module: nn.Module) -> int | None:
+    """``out_features`` of the last Linear layer in ``module`` (None without one)."""
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    return linears[-1].out_features if linears else None
+
+
+def _aligner(module: nn.Module, text_width: int | None) -> bool:
+    """A tower submodule after the blocks is the aligner (projector) when it is more than a norm and, when the
+    decoder's width is known, its last Linear maps into that width (Qwen2-VL's merger); otherwise (a norm, SigLIP's
+    pooling head) it belongs to the top vision block."""
+    if _norm_only(module):
+        return False
+    return text_width is None or _out_width(module) == text_width
+
+
+def _place_tower(tower: nn.Module, blocks: nn.Module, text_width: int | None) -> tuple[dict[int, int], set[int]]:
+    """Each tower parameter's vision depth (0 before the blocks, j + 1 in block j, M after them) and the ids of the
+    tower's projector part (an aligner after the blocks, see ``_aligner``)."""
     m = len(blocks)
     depth: dict[int, int] = {}
     for j, block in enumerate(blocks):
@@ -260,10 +277,10 @@ def _place_tower(tower: nn.Module, blocks: nn.Module) -> tuple[dict[int, int], s
         child = name.split(".")[0]
         if not seen:
             depth[id(p)] = 0
-        elif child in holds_blocks or (child in children and _norm_only(children[child])):
-            depth[id(p)] = m
-        else:
+        elif child not in holds_blocks and child in children and _aligner(children[child], text_width):
             projector.add(id(p))
+        else:
+            depth[id(p)] = m
     return depth, projector
 
 
@@ -294,7 +311,8 @@ def find_towers(
         tower_path, tower = found
         blocks_path, blocks = _vision_blocks(model, tower_path, tower, depth)
         text, lang_ids = _text_layout(model, tcfg, block_path, {id(p) for p in tower.parameters()})
-    vision, in_tower_projector = _place_tower(tower, blocks)
+    text_width = getattr(tcfg, "hidden_size", None) if tcfg is not None else None
+    vision, in_tower_projector = _place_tower(tower, blocks, text_width if isinstance(text_width, int) else None)
     outside = {
         id(p)
         for p in model.parameters()
