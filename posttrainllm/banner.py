@@ -131,7 +131,7 @@ def block_table(plan) -> Table:
     cols += [("weight decay", "right"), ("frozen", "left")]
     for col, just in cols:
         t.add_column(col, justify=just)
-    for r in plan.rows:
+    for r in plan.display_order:
         name = r["block"] + (" (tied)" if r.get("tied") else "")
         frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
         if frozen == "not trainable" and (where := tied_elsewhere(plan, r)):
@@ -156,7 +156,7 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: Sequence[str] = 
     if tied := tied_row(plan):
         console.print(tied)
     if plan.frozen_param_names:
-        frozen_blocks = [r["block"] for r in plan.rows if r.get("frozen")]
+        frozen_blocks = [r["block"] for r in plan.display_order if r.get("frozen")]
         console.print(
             f"frozen ({freeze_reasons(plan)}): {', '.join(frozen_blocks) or 'parameters matched by the LR factors'} "
             f"({len(plan.frozen_param_names)} tensors, "

@@ -233,6 +233,34 @@ def _structure(model, block_path, vision: VisionArgs, requested: bool, warnings:
     return layout, towers
 
 
+def _depths_of(model, layout, towers, gamma, min_scale, vision: VisionArgs, tied_policy):
+    """The plan's depths and their scales, every parameter's depth (vision and projector ones included) and the
+    tied-matrix facts."""
+    m = towers.m if towers is not None else 0
+    depths = _Depths(layout, gamma, min_scale, m, vision.gamma_or(gamma), vision.projector, bool(vision.freeze and m))
+    depth, tied = _assign_depths(model, layout, tied_policy)
+    if towers is not None:
+        depth.update(towers.depths(depths.n))
+    return depths, depth, tied
+
+
+def _tied_fields(tied: dict, tied_policy: str, base_lr: float, depths: _Depths) -> dict:
+    """The plan's fields on a tied input/output matrix: whether there is one, the policy, its name and its LR."""
+    lr = None if not tied["tied"] else base_lr * depths.scale(tied["depth"])
+    return {"tied": tied["tied"], "tied_policy": tied_policy, "tied_param_name": tied["name"], "tied_lr": lr}
+
+
+def _low_scale_warning(depths: _Depths, freeze_below: float) -> list[str]:
+    """A warning when the decoder's lowest LR scale is so small that the bottom blocks barely train."""
+    n, gamma = depths.n, depths.gamma
+    if depths.layout is None or not n or gamma ** (n - 1) >= 1e-3 or depths.min_scale != 0 or freeze_below != 0:
+        return []
+    return [
+        f"LLRD: the lowest LR scale is γ^{n - 1} = {gamma ** (n - 1):.2g}, so the bottom blocks and embeddings "
+        "barely train; consider a minimum scale (e.g. 0.01) or freezing the blocks below a scale"
+    ]
+
+
 def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_below):
     """Trainable parameters by (depth or None when every depth has the base LR, pattern, LoRA+?, decay?), the
     per-depth [elements, tensors] counts, and what the plan freezes; an LLRDArgumentError when it freezes all."""
@@ -337,73 +365,52 @@ def build_param_groups(
 ) -> LLRDPlan:
     """Optimizer param groups with layer-wise LR decay: ``torch.optim.AdamW(plan.groups)``.
 
-    Each group stores its absolute ``lr = base_lr * scale`` where, for N blocks, block i →
-    ``gamma ** (N - 1 - i)``, embeddings → ``gamma ** (N - 1)``, head/final norm → 1, and
-    ``scale = max(scale, min_scale)``. Example: N = 4, gamma = 0.5, base_lr = 1e-3 gives block_3 1e-3,
-    block_2 5e-4, block_1 2.5e-4, block_0 and embeddings 1.25e-4, head 1e-3.
+    Each group stores its absolute ``lr = base_lr * scale`` where, for N blocks, block i → ``gamma ** (N - 1 - i)``,
+    embeddings → ``gamma ** (N - 1)``, head/final norm → 1, and ``scale = max(scale, min_scale)``. Example: N = 4,
+    gamma = 0.5, base_lr = 1e-3 gives block_3 1e-3, block_2 5e-4, block_1 2.5e-4, block_0 and embeddings 1.25e-4,
+    head 1e-3.
 
-    Only trainable parameters are grouped, each in exactly one group. Weight decay goes to matrices only
-    (see the module docstring); with ``weight_decay == 0`` each depth is one group, otherwise up to two
-    (``<depth>`` and ``<depth>.no_decay``). Parameters whose scale is below ``freeze_below`` are left out and
-    listed in ``frozen_param_names`` (call ``apply_freeze(plan)`` to set ``requires_grad=False``). The model is
-    not changed.
+    Only trainable parameters are grouped, each in exactly one group. Weight decay goes to matrices only (see the
+    module docstring); with ``weight_decay == 0`` each depth is one group, otherwise up to two (``<depth>`` and
+    ``<depth>.no_decay``). Parameters whose scale is below ``freeze_below`` are left out and listed in
+    ``frozen_param_names`` (call ``apply_freeze(plan)`` to set ``requires_grad=False``). The model is not changed.
 
     ``lr_groups`` maps regexes to LR factors (``{"mlp": 0.5, "embed_tokens|wte": 0.1}``; factor 0 freezes);
     ``loraplus_ratio`` multiplies the LR of LoRA B matrices. Both compose with the depth scale:
     ``lr = base_lr * depth_scale * factor * loraplus``. The clamp and ``freeze_below`` apply to the depth scale.
 
     If the block list cannot be found: ``BlockStructureError`` when ``layer_decay_requested(gamma, min_scale,
-    freeze_below)``; otherwise a flat plan (``structure_found=False``) with a warning. ``block_path`` names the
-    block list explicitly (e.g. ``"model.layers"``).
-
-    Vision-language models (``posttrainllm.llrd.towers``): vision block j of M trains at
-    ``vision_gamma ** (M - 1 - j)`` (``vision_gamma`` None: ``gamma``), its embeddings at block 0's scale, a norm after
-    its blocks at the top block's (1); the projector at ``projector_scale`` (None: 1; 0 freezes);
-    ``freeze_vision`` plans the whole tower frozen; ``vision_block_path`` names the vision block list. The decoder
-    keeps the text schedule. Example: M = 2, N = 3, gamma = 0.5, vision_gamma = 0.8, projector_scale = 2,
-    base_lr = 1e-3: vision.block_0 8e-4, vision.block_1 1e-3, projector 2e-3, block_0 2.5e-4, block_2 1e-3.
-    The vision settings on a model without a vision tower raise ``LLRDArgumentError``.
+    freeze_below)``; otherwise a flat plan (``structure_found=False``) with a warning. ``block_path`` names the block
+    list (e.g. ``"model.layers"``). Vision-language models: vision block j of M at ``vision_gamma ** (M - 1 - j)``
+    (None: ``gamma``), the projector at ``projector_scale`` (None: 1), ``freeze_vision``, ``vision_block_path``: see
+    the package docstring.
     """
     lr_groups = dict(lr_groups or {})
     _validate(base_lr, gamma, weight_decay, tied_policy, min_scale, freeze_below, lr_groups, loraplus_ratio)
     gamma, base_lr, weight_decay = float(gamma), float(base_lr), float(weight_decay)
     min_scale, freeze_below = float(min_scale), float(freeze_below)
-    vision = VisionArgs(vision_gamma, projector_scale, freeze_vision, vision_block_path)
-    vision.check(model)
+    vision = VisionArgs(vision_gamma, projector_scale, freeze_vision, vision_block_path).checked(model)
     warnings: list[str] = []
     requested = layer_decay_requested(gamma, min_scale, freeze_below) or vision.requested(gamma)
     layout, towers = _structure(model, block_path, vision, requested, warnings)
-    m = towers.m if towers is not None else 0
-    vg = vision.gamma_or(gamma)
-    depths = _Depths(layout, gamma, min_scale, m, vg, vision.projector, bool(freeze_vision and m))
-    depth, tied = _assign_depths(model, layout, tied_policy)
-    if towers is not None:
-        depth.update(towers.depths(depths.n))
+    depths, depth, tied = _depths_of(model, layout, towers, gamma, min_scale, vision, tied_policy)
     patterns = _pattern_factors(model, lr_groups)
     plus_ids = _lora_b_ids(model, loraplus_ratio)
     decays = _decay_mask(model, weight_decay)
     buckets, counts, frozen = _bucket(model, depths, depth, patterns, plus_ids, decays, freeze_below)
     groups, param_names = _groups(buckets, depths, base_lr, weight_decay, lr_groups, loraplus_ratio)
     rows = report_rows(model, groups, depths, depth, counts, patterns, tied, base_lr, weight_decay, freeze_below)
-    n = depths.n
-    if layout is not None and n and gamma ** (n - 1) < 1e-3 and min_scale == 0 and freeze_below == 0:
-        warnings.append(
-            f"LLRD: the lowest LR scale is γ^{n - 1} = {gamma ** (n - 1):.2g}, so the bottom blocks and embeddings "
-            "barely train; consider a minimum scale (e.g. 0.01) or freezing the blocks below a scale"
-        )
+    warnings += _low_scale_warning(depths, freeze_below)
     return LLRDPlan(
         groups=groups,
         param_names=param_names,
         rows=rows,
-        num_layers=n if layout is not None else (_config_num_layers(model) or 0),
+        num_layers=depths.n if layout is not None else (_config_num_layers(model) or 0),
         block_path=layout.path if layout is not None else None,
         base_lr=base_lr,
         gamma=gamma,
         weight_decay=weight_decay,
-        tied=tied["tied"],
-        tied_policy=tied_policy,
-        tied_param_name=tied["name"],
-        tied_lr=None if not tied["tied"] else base_lr * depths.scale(tied["depth"]),
+        **_tied_fields(tied, tied_policy, base_lr, depths),
         min_scale=min_scale,
         freeze_below=freeze_below,
         frozen_param_names=[name for name, _ in frozen],
@@ -415,5 +422,5 @@ def build_param_groups(
         param_depths={name: depth[id(p)] for name, p in model.named_parameters()},
         loraplus_ratio=float(loraplus_ratio),
         frozen_params=[p for _, p in frozen],
-        vision=None if towers is None else vision.record(towers, vg),
+        vision=None if towers is None else vision.record(towers, depths.vision_gamma),
     )

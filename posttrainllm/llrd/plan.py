@@ -59,6 +59,12 @@ class LLRDPlan:
     vision: dict | None = None  # a vision-language model's towers: gamma, projector_scale, freeze, num_layers, paths
 
     @property
+    def display_order(self) -> list[dict]:
+        """The rows input to output: a vision-language model's vision rows and projector first, then the decoder's."""
+        first = {"vision": 0, "projector": 1}
+        return sorted(self.rows, key=lambda r: first.get(r.get("tower", "language"), 2))
+
+    @property
     def lr_scaled(self) -> bool:
         """True when some trainable parameter gets another LR than the base LR, or some are frozen by the plan: the
         one predicate for "layer decay (or an LR factor) is active"."""
@@ -152,5 +158,5 @@ def report_rows(
             "trainable": d in grouped_depths,
             "factors": sorted(factors_at[d]),
         }
-        for d in depths.order
+        for d in depths.all
     ]

@@ -79,9 +79,9 @@ class VisionArgs:
         """Whether the settings make a vision or projector LR differ from the base LR, or freeze the tower."""
         return self.gamma_or(gamma) < 1 or self.projector != 1 or bool(self.freeze)
 
-    def check(self, model: nn.Module) -> None:
-        """Each value in range, and a vision tower to apply them to: an ``LLRDArgumentError`` naming every
-        argument at fault."""
+    def checked(self, model: nn.Module) -> VisionArgs:
+        """Itself, once each value is in range and the model has a vision tower to apply them to; otherwise an
+        ``LLRDArgumentError`` naming every argument at fault."""
         problems: list[tuple[str, str]] = []
         if self.gamma is not None and not (_finite(self.gamma) and 0 < self.gamma <= 1):
             problems.append(("vision_gamma", f"vision_gamma must be in (0, 1], got {self.gamma!r}"))
@@ -102,6 +102,7 @@ class VisionArgs:
         if problems:
             fields = tuple(dict.fromkeys(f for f, _ in problems))
             raise LLRDArgumentError(fields[0], "; ".join(m for _, m in problems), fields=fields)
+        return self
 
     def record(self, towers: Towers, vision_gamma: float) -> dict:
         """What the plan reports of the towers."""

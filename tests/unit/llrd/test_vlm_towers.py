@@ -25,7 +25,8 @@ def test_every_parameter_is_in_one_group_at_its_towers_closed_form(family):
 def test_rows_run_input_to_output_with_each_towers_names_and_lrs(family):
     plan = build_param_groups(build(family), BASE, GAMMA, vision_gamma=GAMMA_V, projector_scale=PROJ)
     rows = {r["block"]: r for r in plan.rows}
-    assert [r["block"] for r in plan.rows] == [
+    assert [r["depth"] for r in plan.rows] == list(range(N + M + 4))  # rows[d] is depth d, as for a text model
+    assert [r["block"] for r in plan.display_order] == [
         "vision.embeddings", *(f"vision.block_{j}" for j in range(M)), "projector",
         "embeddings", *(f"block_{i}" for i in range(N)), "head",
     ]  # fmt: skip
