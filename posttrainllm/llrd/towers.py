@@ -138,24 +138,26 @@ def vlm_configs(model: nn.Module):
     return None, None
 
 
-def _depth_of(cfg) -> int | None:
+def _depth_of(model_config) -> int | None:
     for key in VISION_DEPTH_KEYS:
-        value = cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+        value = model_config.get(key) if isinstance(model_config, dict) else getattr(model_config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
 
 
-def _with_config(model: nn.Module, cfg) -> tuple[str, nn.Module] | None:
-    """The outermost submodule (not the model itself) whose ``config`` is ``cfg`` (or equal to it)."""
-    if cfg is None:
+def _with_config(model: nn.Module, model_config) -> tuple[str, nn.Module] | None:
+    """The outermost submodule (not the model itself) whose ``config`` is ``model_config`` (or equal to it)."""
+    if model_config is None:
         return None
-    found = [(n, m) for n, m in model.named_modules() if n and getattr(m, "config", None) is cfg]
+    found = [(n, m) for n, m in model.named_modules() if n and getattr(m, "config", None) is model_config]
     if not found:
         found = [
             (n, m)
             for n, m in model.named_modules()
-            if n and type(getattr(m, "config", None)) is type(cfg) and getattr(m, "config", None) == cfg
+            if n
+            and type(getattr(m, "config", None)) is type(model_config)
+            and getattr(m, "config", None) == model_config
         ]
     return found[0] if found else None
 
