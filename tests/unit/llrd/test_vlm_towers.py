@@ -176,3 +176,24 @@ def test_a_tower_not_found_names_what_was_found_and_the_flag_field():
     assert plan.lr_of("vision.0.weight") == pytest.approx(BASE * GAMMA_V ** (M - 1))
     assert plan.lr_of("patch.weight") == pytest.approx(BASE)  # neither tower nor decoder: the projector, factor 1
     assert {r["block"] for r in plan.rows if r["tower"] == "projector"} == {"projector"}
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_clip"])
+def test_lora_adapters_train_at_their_towers_lr(family):
+    """PEFT wraps the model: adapters in vision blocks, the projector and decoder blocks take their place's LR."""
+    from peft import LoraConfig, get_peft_model
+
+    from posttrainllm.llrd import strip_wrappers
+
+    targets = r".*\.(qkv|q_proj|v_proj|linear_1|mlp\.0)$"
+    model = get_peft_model(build(family), LoraConfig(r=2, lora_alpha=4, target_modules=targets))
+    plan = build_param_groups(model, BASE, GAMMA, vision_gamma=GAMMA_V, projector_scale=PROJ)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    grouped = [n for g in plan.groups for n in plan.param_names[g["name"]]]
+    assert sorted(grouped) == sorted(trainable) and len(trainable) > 0
+    towers = set()
+    for name in trainable:
+        plain = strip_wrappers(name)
+        assert plan.lr_of(name) == pytest.approx(expected_lr(family, plain)), name
+        towers.add(next(g["tower"] for g in plan.groups if name in plan.param_names[g["name"]]))
+    assert towers == {"vision", "projector", "language"}
