@@ -1,5 +1,5 @@
 """Tiny vision-language models of real transformers classes (Qwen2-VL, LLaVA with a CLIP or a SigLIP tower,
-Idefics3) built from configs, and the LR each parameter must get under the per-tower schedule
+Idefics3, Gemma 3) built from configs, and the LR each parameter must get under the per-tower schedule
 (tests/unit/llrd/test_vlm_towers.py, tests/cli/test_vlm_plan_cli.py). Nothing is downloaded.
 
 The expected LR of a parameter is computed from where the family puts it (the module paths transformers gives each
@@ -46,6 +46,14 @@ def _idefics3():
     return Idefics3ForConditionalGeneration(cfg)
 
 
+def _gemma3():
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = dict(TEXT, head_dim=8, sliding_window=16)  # ties its input and output embeddings
+    cfg = Gemma3Config(text_config=text, vision_config=VISION, mm_tokens_per_image=4)
+    return Gemma3ForConditionalGeneration(cfg)
+
+
 # family: (builder, vision block prefix, vision prefix, projector prefixes, decoder block prefix, decoder prefix)
 FAMILIES = {
     "qwen2_vl": (_qwen2_vl, "model.visual.blocks.", "model.visual.", ("model.visual.merger.",),
@@ -55,6 +63,8 @@ FAMILIES = {
     "llava_siglip": (lambda: _llava("siglip_vision_model"), "model.vision_tower.encoder.layers.",
                      "model.vision_tower.", ("model.multi_modal_projector.",), "model.language_model.layers.",
                      "model.language_model."),
+    "gemma3": (_gemma3, "model.vision_tower.encoder.layers.", "model.vision_tower.", ("model.multi_modal_projector.",),
+               "model.language_model.layers.", "model.language_model."),
     "idefics3": (_idefics3, "model.vision_model.encoder.layers.", "model.vision_model.", ("model.connector.",),
                  "model.text_model.layers.", "model.text_model."),
 }  # fmt: skip

@@ -1,6 +1,6 @@
-"""Vision-language models: a layer-decay schedule per tower, on tiny Qwen2-VL, LLaVA (CLIP, SigLIP) and Idefics3
-models (tests/tower_families.py): every parameter's LR against the closed form of its tower, depth and factor, from
-the optimizer's groups and from first-step weight changes; --freeze-vision; the error paths."""
+"""Vision-language models: a layer-decay schedule per tower, on tiny Qwen2-VL, LLaVA (CLIP, SigLIP), Idefics3 and
+Gemma 3 models (tests/tower_families.py): every parameter's LR against the closed form of its tower, depth and factor,
+from the optimizer's groups and from first-step weight changes; --freeze-vision; the error paths."""
 
 import pytest
 import torch
