@@ -1,6 +1,6 @@
-"""Tiny vision-language models of real transformers classes (Qwen2-VL, LLaVA with a CLIP or a SigLIP tower,
-Idefics3, Gemma 3) built from configs, and the LR each parameter must get under the per-tower schedule
-(tests/unit/llrd/test_vlm_towers.py, tests/cli/test_vlm_plan_cli.py). Nothing is downloaded.
+"""Tiny vision-language models of real transformers classes built from configs (Qwen2-VL, Qwen2.5-VL, LLaVA with a
+CLIP or a SigLIP tower, LLaVA-NeXT, PaliGemma, Idefics3, SmolVLM, Gemma 3), and the LR each parameter must get under
+the per-tower schedule (tests/unit/llrd/test_vlm_towers.py, tests/cli/test_vlm_plan_cli.py). Nothing is downloaded.
 
 The expected LR of a parameter is computed from where the family puts it (the module paths transformers gives each
 family, written out below) and the closed forms, never by asking the code under test:
@@ -54,6 +54,39 @@ def _gemma3():
     return Gemma3ForConditionalGeneration(cfg)
 
 
+def _qwen2_5_vl():
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(TEXT, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]})
+    vision = dict(depth=M, hidden_size=16, out_hidden_size=32, intermediate_size=32, num_heads=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[M - 1])  # fmt: skip
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+
+
+def _llava_next():
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    vision = dict(VISION, model_type="clip_vision_model")
+    cfg = LlavaNextConfig(
+        vision_config=vision, text_config=dict(TEXT, model_type="llama"), image_grid_pinpoints=[[28, 28]]
+    )
+    return LlavaNextForConditionalGeneration(cfg)
+
+
+def _paligemma():
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+    cfg = PaliGemmaConfig(vision_config=VISION, text_config=dict(TEXT, model_type="gemma", head_dim=8))
+    return PaliGemmaForConditionalGeneration(cfg)
+
+
+def _smolvlm():
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+
+    cfg = SmolVLMConfig(vision_config=VISION, text_config=dict(TEXT, model_type="llama"), scale_factor=2)
+    return SmolVLMForConditionalGeneration(cfg)
+
+
 # family: (builder, vision block prefix, vision prefix, projector prefixes, decoder block prefix, decoder prefix)
 FAMILIES = {
     "qwen2_vl": (_qwen2_vl, "model.visual.blocks.", "model.visual.", ("model.visual.merger.",),
@@ -65,6 +98,15 @@ FAMILIES = {
                      "model.language_model."),
     "gemma3": (_gemma3, "model.vision_tower.encoder.layers.", "model.vision_tower.", ("model.multi_modal_projector.",),
                "model.language_model.layers.", "model.language_model."),
+    "qwen2_5_vl": (_qwen2_5_vl, "model.visual.blocks.", "model.visual.", ("model.visual.merger.",),
+                   "model.language_model.layers.", "model.language_model."),
+    "llava_next": (_llava_next, "model.vision_tower.encoder.layers.", "model.vision_tower.",
+                   ("model.multi_modal_projector.", "model.image_newline"), "model.language_model.layers.",
+                   "model.language_model."),
+    "paligemma": (_paligemma, "model.vision_tower.encoder.layers.", "model.vision_tower.",
+                  ("model.multi_modal_projector.",), "model.language_model.layers.", "model.language_model."),
+    "smolvlm": (_smolvlm, "model.vision_model.encoder.layers.", "model.vision_model.", ("model.connector.",),
+                "model.text_model.layers.", "model.text_model."),
     "idefics3": (_idefics3, "model.vision_model.encoder.layers.", "model.vision_model.", ("model.connector.",),
                  "model.text_model.layers.", "model.text_model."),
 }  # fmt: skip
