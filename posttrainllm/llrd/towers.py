@@ -301,7 +301,10 @@ def find_towers(
         return None
     depth = _depth_of(vcfg) if vcfg is not None else None
     if vision_block_path:
-        blocks_path, blocks = find_block_list(model, vision_block_path)
+        try:
+            blocks_path, blocks = find_block_list(model, vision_block_path)
+        except LLRDArgumentError as e:  # the list named is the vision tower's, not the decoder's
+            raise LLRDArgumentError("vision_block_path", str(e)) from None
         text, lang_ids = _text_layout(model, tcfg, block_path, {id(p) for p in blocks.parameters()})
         tower_path, tower = _tower_above(model, blocks_path, lang_ids | out_ids)
     else:

@@ -197,3 +197,9 @@ def test_lora_adapters_train_at_their_towers_lr(family):
         assert plan.lr_of(name) == pytest.approx(expected_lr(family, plain)), name
         towers.add(next(g["tower"] for g in plan.groups if name in plan.param_names[g["name"]]))
     assert towers == {"vision", "projector", "language"}
+
+
+def test_a_wrong_vision_block_path_is_an_argument_error_about_it():
+    with pytest.raises(LLRDArgumentError) as e:
+        build_param_groups(build("llava_clip"), BASE, GAMMA, vision_block_path="model.no_such_list")
+    assert e.value.field == "vision_block_path" and "model.vision_tower.encoder.layers (2)" in str(e.value)
