@@ -53,6 +53,8 @@ Use in your own training loop::
     optimizer = torch.optim.AdamW(plan.groups)          # each group carries its absolute "lr"
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / 100))
     print(plan.to_json())                               # group name, lr, weight decay, parameter names
+    # a vision-language model: its own decay for the vision tower, a factor for the projector
+    plan = build_param_groups(vlm, base_lr=1e-5, gamma=0.9, vision_gamma=0.8, projector_scale=5.0)
 
 How the structure is found:
 
@@ -82,7 +84,8 @@ Invalid arguments raise ``LLRDArgumentError`` (a ``ValueError`` whose ``field`` 
 blocks cannot be found raises ``BlockStructureError`` (a ``ValueError``) when the requested decay needs them.
 
 The package: ``structure`` finds the blocks and gives every parameter its depth (like timm's ``group_matcher``),
-``plan`` holds ``LLRDPlan`` and its report rows, ``build`` validates once, scales, buckets (``build_param_groups``).
+``towers`` finds a vision-language model's vision tower, projector and decoder, ``plan`` holds ``LLRDPlan`` and its
+report rows, ``build`` validates once, scales, buckets (``build_param_groups``).
 """
 
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
