@@ -44,15 +44,40 @@ def summary_line(plan) -> str:
         return f"γ={plan.gamma:g} (flat: block list not resolved) → all LR={format_lr(plan.base_lr)}"
     low = plan.base_lr * max(plan.gamma ** (plan.num_layers - 1), plan.min_scale)
     text = f"γ={plan.gamma:g} → block_0 LR={format_lr(low)}, head LR={format_lr(plan.base_lr)}"
+    if plan.vision is not None:
+        text += "; " + vision_summary(plan)
     if plan.frozen_param_names:
-        why = f"scale < {plan.freeze_below:g}" if plan.freeze_below > 0 else "LR factor 0"
-        text += f", {len(plan.frozen_param_names)} tensors frozen ({why})"
+        text += f", {len(plan.frozen_param_names)} tensors frozen ({freeze_reasons(plan)})"
     extras = [f"{pattern}×{factor:g}" for pattern, factor in plan.lr_groups.items()]
     if plan.loraplus_ratio != 1.0:
         extras.append(f"LoRA+ B×{plan.loraplus_ratio:g}")
     if extras:
         text += f"; LR factors: {', '.join(extras)}"
     return text
+
+
+def freeze_reasons(plan) -> str:
+    """What froze the plan's frozen tensors: a scale below --llrd-freeze-below, --freeze-vision, an LR factor 0."""
+    why = [f"scale < {plan.freeze_below:g}"] if plan.freeze_below > 0 else []
+    why += ["--freeze-vision"] if plan.vision is not None and plan.vision["freeze"] else []
+    zero = bool(plan.vision is not None and plan.vision["projector_scale"] == 0) or 0 in plan.lr_groups.values()
+    return ", ".join(why + (["LR factor 0"] if zero or not why else []))
+
+
+def vision_summary(plan) -> str:
+    """`vision γ_v=0.8 (24 blocks) → vision.block_0 LR=…, vision.block_23 LR=…; projector ×2 → LR=…` (or the tower
+    frozen): a vision-language model's towers."""
+    v = plan.vision
+    m, gv, ps = v["num_layers"], v["gamma"], v["projector_scale"]
+    if v["freeze"]:
+        text = f"vision tower frozen ({m} blocks)"
+    else:
+        low = plan.base_lr * max(gv ** (m - 1), plan.min_scale)
+        text = (
+            f"vision γ_v={gv:g} ({m} blocks) → vision.block_0 LR={format_lr(low)}, "
+            f"vision.block_{m - 1} LR={format_lr(plan.base_lr)}"
+        )
+    return text + f"; projector ×{ps:g} → LR={format_lr(plan.base_lr * ps)}" + (" (frozen)" if ps == 0 else "")
 
 
 def fmt_count(n: int) -> str:
@@ -106,7 +131,7 @@ def block_table(plan) -> Table:
     cols += [("weight decay", "right"), ("frozen", "left")]
     for col, just in cols:
         t.add_column(col, justify=just)
-    for r in plan.rows:
+    for r in plan.display_order:
         name = r["block"] + (" (tied)" if r.get("tied") else "")
         frozen = "yes" if r.get("frozen") else ("not trainable" if not r.get("trainable", True) else "")
         if frozen == "not trainable" and (where := tied_elsewhere(plan, r)):
@@ -131,9 +156,9 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: Sequence[str] = 
     if tied := tied_row(plan):
         console.print(tied)
     if plan.frozen_param_names:
-        frozen_blocks = [r["block"] for r in plan.rows if r.get("frozen")]
+        frozen_blocks = [r["block"] for r in plan.display_order if r.get("frozen")]
         console.print(
-            f"frozen below scale {plan.freeze_below:g}: {', '.join(frozen_blocks)} "
+            f"frozen ({freeze_reasons(plan)}): {', '.join(frozen_blocks) or 'parameters matched by the LR factors'} "
             f"({len(plan.frozen_param_names)} tensors, "
             f"{fmt_bytes(plan.frozen_state_bytes_saved)} of AdamW state saved)"
         )

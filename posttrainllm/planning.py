@@ -17,7 +17,12 @@ LLRD_FLAGS = {
     "lr_groups": "--lr-group",
     "loraplus_ratio": "--loraplus-ratio",
     "freeze_below": "--llrd-freeze-below",
+    "vision_gamma": "--vision-llrd",
+    "projector_scale": "--projector-lr-scale",
+    "freeze_vision": "--freeze-vision",
+    "vision_block_path": "--vision-blocks",
 }
+_VISION_FIELDS = ("vision_gamma", "projector_scale", "freeze_vision")
 
 
 def plan_param_groups(cfg: RunConfig, model):
@@ -41,17 +46,38 @@ def plan_param_groups(cfg: RunConfig, model):
             block_path=cfg.llrd_blocks,
             lr_groups=cfg.lr_groups,
             loraplus_ratio=cfg.loraplus_ratio or 1.0,
+            vision_gamma=cfg.vision_llrd,
+            projector_scale=cfg.projector_lr_scale,
+            freeze_vision=cfg.freeze_vision,
+            vision_block_path=cfg.vision_blocks,
         )
     except llrd.BlockStructureError as e:
-        example = e.candidates[0][0] if e.candidates else "model.layers"
-        raise ModelStructureError(
-            f"LLRD: {e}. Fix: name the block list with --llrd-blocks PATH (recipe key `llrd_blocks`), "
-            f"e.g. --llrd-blocks {example}; or use γ = 1 (no layer-wise decay)"
-        ) from None
+        raise _structure_error(e) from None
     except llrd.LLRDArgumentError as e:
+        if e.field in _VISION_FIELDS:  # every vision setting at fault, by its flag
+            flags = ", ".join(LLRD_FLAGS[f] for f in e.fields if f in LLRD_FLAGS)
+            raise UsageError(f"{flags}: {e}") from None
         raise UsageError(f"{LLRD_FLAGS.get(e.field, 'layer-wise LR decay')}: {e}") from None
     llrd.apply_freeze(plan)
     return plan
+
+
+def _structure_error(e) -> ModelStructureError | UsageError:
+    """A block list not found: what was found, and the flag (and recipe key) that names the list. A vision tower not
+    found is a usage error (exit 2): the vision settings need it, and --vision-blocks names it."""
+    flag = LLRD_FLAGS.get(e.field, "--llrd-blocks")
+    key = flag.removeprefix("--").replace("-", "_")
+    if e.field == "vision_block_path":
+        example = e.candidates[0][0] if e.candidates else "model.vision_tower.encoder.layers"
+        return UsageError(
+            f"LLRD: {e}. Fix: name the vision tower's block list with {flag} PATH (recipe key `{key}`), e.g. "
+            f"{flag} {example}; or drop --vision-llrd, --projector-lr-scale, --freeze-vision and use γ = 1"
+        )
+    example = e.candidates[0][0] if e.candidates else "model.layers"
+    return ModelStructureError(
+        f"LLRD: {e}. Fix: name the block list with {flag} PATH (recipe key `{key}`), "
+        f"e.g. {flag} {example}; or use γ = 1 (no layer-wise decay)"
+    )
 
 
 def bottom_scale_gamma(cfg: RunConfig, num_blocks: int) -> float:

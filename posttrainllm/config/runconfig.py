@@ -42,6 +42,10 @@ class RunConfig:
     llrd_min_scale: float = 0.0
     llrd_freeze_below: float = 0.0
     llrd_blocks: str | None = None
+    vision_llrd: float | None = None
+    projector_lr_scale: float | None = None
+    freeze_vision: bool = False
+    vision_blocks: str | None = None
     lr_groups: dict[str, float] = field(default_factory=dict)
     loraplus_ratio: float = 1.0
     tied_embeddings: str = "embedding"

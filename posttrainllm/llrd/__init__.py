@@ -26,6 +26,25 @@ Two more factors compose with the depth scale, by what a parameter is rather tha
 their depth's LR (LoRA+, Hayou et al. 2024). E.g. N = 4, gamma = 0.5, base_lr = 1e-3, ``lr_groups={"mlp": 0.5}``:
 ``layers.1.mlp.up_proj.weight`` trains at 1e-3 * 0.5**2 * 0.5 = 1.25e-4.
 
+Vision-language models (a config with ``vision_config``: Qwen2-VL, LLaVA, Idefics3, ...) get a schedule per tower
+(``llrd.towers`` finds them from the configs and module types, not from names). With M vision blocks:
+
+    scale(vision block j)      = gamma_v ** (M - 1 - j)    (gamma_v = vision_gamma, default gamma; top block: 1)
+    scale(vision embeddings)   = gamma_v ** (M - 1)        (patch/position embeddings, pre-norm: block 0's scale)
+    scale(vision post-norm)    = 1                         (a norm after the tower's blocks: the top block's scale)
+    scale(projector)           = projector_scale           (default 1; 0 freezes)
+    language decoder           = the text schedule above, over its own N blocks, with gamma
+
+The top vision block trains at the base LR (``vision_top = 1``), as the top decoder block does: each tower decays
+from the projector down, by its own depth, and ``projector_scale`` moves the projector alone. The clamp
+(``min_scale``) and ``freeze_below`` apply to the vision depths as to the text ones; ``freeze_vision=True`` plans
+the whole tower frozen (``apply_freeze`` sets ``requires_grad=False``). Qwen2-VL's ``visual.merger`` sits inside the
+vision module but is the aligner: it is the projector.
+
+Worked example, M = 2, N = 3, gamma = 0.5, gamma_v = 0.8, projector_scale = 2, base_lr = 1e-3:
+vision.embeddings and vision.block_0 8e-4, vision.block_1 1e-3, projector 2e-3, embeddings and block_0 2.5e-4,
+block_1 5e-4, block_2 and head 1e-3.
+
 Use in your own training loop::
 
     from posttrainllm import build_param_groups
@@ -34,6 +53,8 @@ Use in your own training loop::
     optimizer = torch.optim.AdamW(plan.groups)          # each group carries its absolute "lr"
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, step / 100))
     print(plan.to_json())                               # group name, lr, weight decay, parameter names
+    # a vision-language model: its own decay for the vision tower, a factor for the projector
+    plan = build_param_groups(vlm, base_lr=1e-5, gamma=0.9, vision_gamma=0.8, projector_scale=5.0)
 
 How the structure is found:
 
@@ -63,14 +84,16 @@ Invalid arguments raise ``LLRDArgumentError`` (a ``ValueError`` whose ``field`` 
 blocks cannot be found raises ``BlockStructureError`` (a ``ValueError``) when the requested decay needs them.
 
 The package: ``structure`` finds the blocks and gives every parameter its depth (like timm's ``group_matcher``),
-``plan`` holds ``LLRDPlan`` and its report rows, ``build`` validates once, scales, buckets (``build_param_groups``).
+``towers`` finds a vision-language model's vision tower, projector and decoder, ``plan`` holds ``LLRDPlan`` and its
+report rows, ``build`` validates once, scales, buckets (``build_param_groups``).
 """
 
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
 from posttrainllm.llrd.build import build_param_groups, gamma_for_bottom_scale
 from posttrainllm.llrd.errors import BlockStructureError, LLRDArgumentError
 from posttrainllm.llrd.plan import LLRDPlan, apply_freeze, layer_decay_requested
-from posttrainllm.llrd.structure import count_blocks, find_block_list, strip_wrappers
+from posttrainllm.llrd.structure import find_block_list, strip_wrappers
+from posttrainllm.llrd.towers import count_blocks, find_towers, vlm_configs
 
 __all__ = [
     "BlockStructureError",
@@ -82,7 +105,9 @@ __all__ = [
     "build_param_groups",
     "count_blocks",
     "find_block_list",
+    "find_towers",
     "gamma_for_bottom_scale",
     "layer_decay_requested",
     "strip_wrappers",
+    "vlm_configs",
 ]

@@ -22,10 +22,12 @@ from posttrainllm.llrd.structure import (
     _assign_depths,
     _config_num_layers,
     _first,
+    _io_embeddings,
     _Layout,
     _resolve_blocks,
     strip_wrappers,
 )
+from posttrainllm.llrd.towers import VisionArgs, find_towers
 
 # LoRA+ (Hayou et al., 2024): the B matrices of LoRA adapters (PEFT names them lora_B / lora_embedding_B).
 _LORA_B = re.compile(r"(?:^|\.)lora_(?:embedding_)?B(?:\.|$)")
@@ -144,11 +146,19 @@ def _pattern_factors(model: nn.Module, lr_groups: dict[str, float]) -> dict[int,
 
 @dataclass(frozen=True)
 class _Depths:
-    """The depths of a plan and their LR scales: N blocks (``layout`` None: one flat depth)."""
+    """The depths of a plan and their LR scales: N decoder blocks (``layout`` None: one flat depth) and, for a
+    vision-language model, M vision blocks and the projector.
+
+    Depth numbers: 0 embeddings, i + 1 block i, N + 1 head (as for a text model), then N + 2 vision embeddings,
+    N + 3 + j vision block j, N + M + 3 projector. ``order`` lists them input to output (vision, projector, text)."""
 
     layout: _Layout | None
     gamma: float
     min_scale: float
+    m: int = 0
+    vision_gamma: float = 1.0
+    projector_scale: float = 1.0
+    freeze_vision: bool = False
 
     @property
     def n(self) -> int:
@@ -156,35 +166,99 @@ class _Depths:
 
     @property
     def all(self) -> range:
-        return range(self.n + 2) if self.layout is not None else range(1)
+        if self.layout is None:
+            return range(1)
+        return range(self.n + self.m + 4) if self.m else range(self.n + 2)
+
+    @property
+    def order(self) -> list[int]:
+        text = list(range(self.n + 2)) if self.layout is not None else [0]
+        return [*range(self.n + 2, self.n + self.m + 4), *text] if self.m else text
+
+    def tower(self, d: int) -> str:
+        if not self.m or d <= self.n + 1:
+            return "language"
+        return "projector" if d == self.n + self.m + 3 else "vision"
 
     def scale(self, d: int) -> float:
         if self.layout is None:
             return 1.0
+        if self.tower(d) == "projector":
+            return self.projector_scale
+        if self.tower(d) == "vision":  # vision block j = d - N - 3 (embeddings: block 0's scale)
+            return max(self.vision_gamma ** (self.m - max(d - self.n - 2, 1)), self.min_scale)
         return max(1.0 if d > self.n else self.gamma ** (self.n - max(d, 1)), self.min_scale)
+
+    def frozen(self, d: int, freeze_below: float) -> bool:
+        """Planned frozen: a scale below ``freeze_below``, the vision tower under ``freeze_vision``, a projector
+        factor of 0."""
+        if self.layout is None:
+            return False
+        tower = self.tower(d)
+        return (
+            self.scale(d) < freeze_below
+            or (tower == "vision" and self.freeze_vision)
+            or (tower == "projector" and self.projector_scale == 0)
+        )
 
     def name(self, d: int) -> str:
         if self.layout is None:
             return "all"
+        if self.tower(d) == "projector":
+            return "projector"
+        if self.tower(d) == "vision":
+            return "vision.embeddings" if d == self.n + 2 else f"vision.block_{d - self.n - 3}"
         return "embeddings" if d == 0 else "head" if d == self.n + 1 else f"block_{d - 1}"
 
 
-def _layout(model, block_path, gamma, min_scale, freeze_below, warnings: list[str]) -> _Layout | None:
-    """The block layout, or None (a flat plan, with a warning) when it is not found and no decay needs it."""
+def _structure(model, block_path, vision: VisionArgs, requested: bool, warnings: list[str]):
+    """The decoder's block layout and, for a vision-language model, its towers; ``(None, None)`` (a flat plan, with
+    a warning) when they are not found and no decay needs them."""
     try:
-        layout = _resolve_blocks(model, block_path)
+        _, out_emb = _io_embeddings(model)
+        out_ids = {id(p) for p in out_emb.parameters()} if out_emb is not None else set()
+        towers = find_towers(model, block_path, vision.block_path, out_ids)
+        layout = towers.text if towers is not None else _resolve_blocks(model, block_path)
     except BlockStructureError as err:
-        if layer_decay_requested(gamma, min_scale, freeze_below):
+        if requested:
             raise
         warnings.append(f"LLRD: block structure not resolved, using one flat LR group (exact for γ = 1). {err}")
-        return None
+        return None, None
     n_cfg = _config_num_layers(model)
     if not layout.hierarchical and n_cfg is not None and len(layout.blocks) != n_cfg:
         warnings.append(
             f"LLRD: block list {layout.path} has {len(layout.blocks)} blocks but the config says {n_cfg}; "
             f"using N = {len(layout.blocks)}"
         )
-    return layout
+    return layout, towers
+
+
+def _depths_of(model, layout, towers, gamma, min_scale, vision: VisionArgs, tied_policy):
+    """The plan's depths and their scales, every parameter's depth (vision and projector ones included) and the
+    tied-matrix facts."""
+    m = towers.m if towers is not None else 0
+    depths = _Depths(layout, gamma, min_scale, m, vision.gamma_or(gamma), vision.projector, bool(vision.freeze and m))
+    depth, tied = _assign_depths(model, layout, tied_policy)
+    if towers is not None:
+        depth.update(towers.depths(depths.n))
+    return depths, depth, tied
+
+
+def _tied_fields(tied: dict, tied_policy: str, base_lr: float, depths: _Depths) -> dict:
+    """The plan's fields on a tied input/output matrix: whether there is one, the policy, its name and its LR."""
+    lr = None if not tied["tied"] else base_lr * depths.scale(tied["depth"])
+    return {"tied": tied["tied"], "tied_policy": tied_policy, "tied_param_name": tied["name"], "tied_lr": lr}
+
+
+def _low_scale_warning(depths: _Depths, freeze_below: float) -> list[str]:
+    """A warning when the decoder's lowest LR scale is so small that the bottom blocks barely train."""
+    n, gamma = depths.n, depths.gamma
+    if depths.layout is None or not n or gamma ** (n - 1) >= 1e-3 or depths.min_scale != 0 or freeze_below != 0:
+        return []
+    return [
+        f"LLRD: the lowest LR scale is γ^{n - 1} = {gamma ** (n - 1):.2g}, so the bottom blocks and embeddings "
+        "barely train; consider a minimum scale (e.g. 0.01) or freezing the blocks below a scale"
+    ]
 
 
 def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_below):
@@ -201,7 +275,7 @@ def _bucket(model, depths: _Depths, depth, patterns, plus_ids, decays, freeze_be
         counts[d][0] += p.numel()
         counts[d][1] += 1
         pattern, factor = patterns.get(id(p), (None, 1.0))
-        if (depths.layout is not None and depths.scale(d) < freeze_below) or factor == 0:
+        if depths.frozen(d, freeze_below) or factor == 0:
             frozen.append((name, p))
             continue
         key = (d if per_depth else None, pattern, id(p) in plus_ids, id(p) in decays)
@@ -215,7 +289,8 @@ def _groups(buckets, depths: _Depths, base_lr, weight_decay, lr_groups, loraplus
     """One optimizer group per bucket, in depth / pattern / LoRA+ / decay order, and their parameter names."""
     order = {pattern: i for i, pattern in enumerate([None, *lr_groups])}
     groups, param_names = [], {}
-    for key in sorted(buckets, key=lambda k: (-1 if k[0] is None else k[0], order[k[1]], k[2], not k[3])):
+    rank = {d: i for i, d in enumerate(depths.order)}
+    for key in sorted(buckets, key=lambda k: (-1 if k[0] is None else rank[k[0]], order[k[1]], k[2], not k[3])):
         d, pattern, plus, decay = key
         gname = depths.name(d) if d is not None else "all"
         gname += (f"+{pattern}" if pattern is not None else "") + ("+loraplus" if plus else "")
@@ -232,6 +307,7 @@ def _groups(buckets, depths: _Depths, base_lr, weight_decay, lr_groups, loraplus
                 "name": gname,
                 "scale": scale,
                 "depth": d,
+                "tower": depths.tower(d) if d is not None else "all",
                 "depth_scale": depth_scale,
                 "pattern": pattern,
                 "factor": float(factor),
@@ -282,61 +358,59 @@ def build_param_groups(
     block_path: str | None = None,
     lr_groups: dict[str, float] | None = None,
     loraplus_ratio: float = 1.0,
+    vision_gamma: float | None = None,
+    projector_scale: float | None = None,
+    freeze_vision: bool = False,
+    vision_block_path: str | None = None,
 ) -> LLRDPlan:
     """Optimizer param groups with layer-wise LR decay: ``torch.optim.AdamW(plan.groups)``.
 
-    Each group stores its absolute ``lr = base_lr * scale`` where, for N blocks, block i →
-    ``gamma ** (N - 1 - i)``, embeddings → ``gamma ** (N - 1)``, head/final norm → 1, and
-    ``scale = max(scale, min_scale)``. Example: N = 4, gamma = 0.5, base_lr = 1e-3 gives block_3 1e-3,
-    block_2 5e-4, block_1 2.5e-4, block_0 and embeddings 1.25e-4, head 1e-3.
+    Each group stores its absolute ``lr = base_lr * scale`` where, for N blocks, block i → ``gamma ** (N - 1 - i)``,
+    embeddings → ``gamma ** (N - 1)``, head/final norm → 1, and ``scale = max(scale, min_scale)``. Example: N = 4,
+    gamma = 0.5, base_lr = 1e-3 gives block_3 1e-3, block_2 5e-4, block_1 2.5e-4, block_0 and embeddings 1.25e-4,
+    head 1e-3.
 
-    Only trainable parameters are grouped, each in exactly one group. Weight decay goes to matrices only
-    (see the module docstring); with ``weight_decay == 0`` each depth is one group, otherwise up to two
-    (``<depth>`` and ``<depth>.no_decay``). Parameters whose scale is below ``freeze_below`` are left out and
-    listed in ``frozen_param_names`` (call ``apply_freeze(plan)`` to set ``requires_grad=False``). The model is
-    not changed.
+    Only trainable parameters are grouped, each in exactly one group. Weight decay goes to matrices only (see the
+    module docstring); with ``weight_decay == 0`` each depth is one group, otherwise up to two (``<depth>`` and
+    ``<depth>.no_decay``). Parameters whose scale is below ``freeze_below`` are left out and listed in
+    ``frozen_param_names`` (call ``apply_freeze(plan)`` to set ``requires_grad=False``). The model is not changed.
 
     ``lr_groups`` maps regexes to LR factors (``{"mlp": 0.5, "embed_tokens|wte": 0.1}``; factor 0 freezes);
     ``loraplus_ratio`` multiplies the LR of LoRA B matrices. Both compose with the depth scale:
     ``lr = base_lr * depth_scale * factor * loraplus``. The clamp and ``freeze_below`` apply to the depth scale.
 
     If the block list cannot be found: ``BlockStructureError`` when ``layer_decay_requested(gamma, min_scale,
-    freeze_below)``; otherwise a flat plan (``structure_found=False``) with a warning. ``block_path`` names the
-    block list explicitly (e.g. ``"model.layers"``).
+    freeze_below)``; otherwise a flat plan (``structure_found=False``) with a warning. ``block_path`` names the block
+    list (e.g. ``"model.layers"``). Vision-language models: vision block j of M at ``vision_gamma ** (M - 1 - j)``
+    (None: ``gamma``), the projector at ``projector_scale`` (None: 1), ``freeze_vision``, ``vision_block_path``: see
+    the package docstring.
     """
     lr_groups = dict(lr_groups or {})
     _validate(base_lr, gamma, weight_decay, tied_policy, min_scale, freeze_below, lr_groups, loraplus_ratio)
     gamma, base_lr, weight_decay = float(gamma), float(base_lr), float(weight_decay)
     min_scale, freeze_below = float(min_scale), float(freeze_below)
+    vision = VisionArgs(vision_gamma, projector_scale, freeze_vision, vision_block_path).checked(model)
     warnings: list[str] = []
-    layout = _layout(model, block_path, gamma, min_scale, freeze_below, warnings)
-    depths = _Depths(layout, gamma, min_scale)
-    depth, tied = _assign_depths(model, layout, tied_policy)
+    requested = layer_decay_requested(gamma, min_scale, freeze_below) or vision.requested(gamma)
+    layout, towers = _structure(model, block_path, vision, requested, warnings)
+    depths, depth, tied = _depths_of(model, layout, towers, gamma, min_scale, vision, tied_policy)
     patterns = _pattern_factors(model, lr_groups)
     plus_ids = _lora_b_ids(model, loraplus_ratio)
     decays = _decay_mask(model, weight_decay)
     buckets, counts, frozen = _bucket(model, depths, depth, patterns, plus_ids, decays, freeze_below)
     groups, param_names = _groups(buckets, depths, base_lr, weight_decay, lr_groups, loraplus_ratio)
     rows = report_rows(model, groups, depths, depth, counts, patterns, tied, base_lr, weight_decay, freeze_below)
-    n = depths.n
-    if layout is not None and n and gamma ** (n - 1) < 1e-3 and min_scale == 0 and freeze_below == 0:
-        warnings.append(
-            f"LLRD: the lowest LR scale is γ^{n - 1} = {gamma ** (n - 1):.2g}, so the bottom blocks and embeddings "
-            "barely train; consider a minimum scale (e.g. 0.01) or freezing the blocks below a scale"
-        )
+    warnings += _low_scale_warning(depths, freeze_below)
     return LLRDPlan(
         groups=groups,
         param_names=param_names,
         rows=rows,
-        num_layers=n if layout is not None else (_config_num_layers(model) or 0),
+        num_layers=depths.n if layout is not None else (_config_num_layers(model) or 0),
         block_path=layout.path if layout is not None else None,
         base_lr=base_lr,
         gamma=gamma,
         weight_decay=weight_decay,
-        tied=tied["tied"],
-        tied_policy=tied_policy,
-        tied_param_name=tied["name"],
-        tied_lr=None if not tied["tied"] else base_lr * depths.scale(tied["depth"]),
+        **_tied_fields(tied, tied_policy, base_lr, depths),
         min_scale=min_scale,
         freeze_below=freeze_below,
         frozen_param_names=[name for name, _ in frozen],
@@ -348,4 +422,5 @@ def build_param_groups(
         param_depths={name: depth[id(p)] for name, p in model.named_parameters()},
         loraplus_ratio=float(loraplus_ratio),
         frozen_params=[p for _, p in frozen],
+        vision=None if towers is None else vision.record(towers, depths.vision_gamma),
     )

@@ -17,10 +17,12 @@ class LLRDArgumentError(ValueError):
 
 class BlockStructureError(ValueError):
     """The block list of a model could not be resolved. ``candidates`` are the ``(path, length)`` of the model's
-    ModuleLists/Sequentials; ``unmatched`` the parameter names that no block holds."""
+    ModuleLists/Sequentials; ``unmatched`` the parameter names that no block holds; ``field`` the argument that names
+    the list instead (``"block_path"`` for the decoder's blocks, ``"vision_block_path"`` for a vision tower's)."""
 
-    def __init__(self, message: str, *, model_name: str = "", candidates=(), unmatched=()):
+    def __init__(self, message: str, *, model_name: str = "", candidates=(), unmatched=(), field: str = "block_path"):
         super().__init__(message)
+        self.field = field
         self.model_name = model_name
         self.candidates = list(candidates)
         self.unmatched = list(unmatched)

@@ -56,6 +56,13 @@ class LLRDPlan:
     loraplus_ratio: float = 1.0
     param_depths: dict[str, int] = field(default_factory=dict, repr=False)  # every parameter, trainable or not
     frozen_params: list[torch.Tensor] = field(default_factory=list, repr=False)
+    vision: dict | None = None  # a vision-language model's towers: gamma, projector_scale, freeze, num_layers, paths
+
+    @property
+    def display_order(self) -> list[dict]:
+        """The rows input to output: a vision-language model's vision rows and projector first, then the decoder's."""
+        first = {"vision": 0, "projector": 1}
+        return sorted(self.rows, key=lambda r: first.get(r.get("tower", "language"), 2))
 
     @property
     def lr_scaled(self) -> bool:
@@ -65,8 +72,10 @@ class LLRDPlan:
 
     def to_json(self) -> list[dict]:
         """Groups without tensors (``param_groups.json``): name, lr, weight_decay, scale (= lr / base_lr), depth,
-        and the factors of the composition: depth_scale, pattern (or None), factor, loraplus; then params."""
+        the factors of the composition: depth_scale, pattern (or None), factor, loraplus; for a vision-language
+        model the group's tower; then params."""
         keys = ("name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor", "loraplus")
+        keys += ("tower",) if self.vision is not None else ()
         return [{**{k: g[k] for k in keys}, "params": list(self.param_names[g["name"]])} for g in self.groups]
 
     def lr_of(self, name: str) -> float:
@@ -111,7 +120,8 @@ class LLRDPlan:
 
 
 def apply_freeze(plan: LLRDPlan) -> int:
-    """Set ``requires_grad=False`` on the parameters the plan froze (``freeze_below``); returns how many."""
+    """Set ``requires_grad=False`` on the parameters the plan froze (``freeze_below``, a factor 0, a frozen vision
+    tower); returns how many."""
     for p in plan.frozen_params:
         p.requires_grad_(False)
     return len(plan.frozen_params)
@@ -142,7 +152,8 @@ def report_rows(
             "lr": base_lr * depths.scale(d),
             "scale": depths.scale(d),
             "weight_decay": weight_decay,
-            "frozen": depths.layout is not None and depths.scale(d) < freeze_below,
+            "tower": depths.tower(d),
+            "frozen": depths.frozen(d, freeze_below),
             "tied": tied["tied"] and tied["depth"] == d,
             "trainable": d in grouped_depths,
             "factors": sorted(factors_at[d]),

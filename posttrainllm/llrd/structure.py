@@ -284,8 +284,3 @@ def _assign_depths(model: nn.Module, layout: _Layout | None, tied_policy: str) -
         if id(p) in tied_ids and tied_info["name"] is None:
             tied_info.update(name=name, depth=d)
     return depth, tied_info
-
-
-def count_blocks(model: nn.Module, block_path: str | None = None) -> int:
-    """N, the number of blocks layer decay counts in `model` (all stages' blocks for hierarchical models)."""
-    return len(_resolve_blocks(model, block_path).blocks)

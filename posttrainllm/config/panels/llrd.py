@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import math
+
 from posttrainllm.config.checks import (
     LLRD_BARE,
+    LLRD_MAX,
+    LLRD_MIN,
     LLRD_RANGE,
     POST_TRAINING,
     TRAINING,
     bottom_scale,
     llrd_range,
     lr_factor,
+    non_negative,
     one_of,
     positive,
     unit_interval,
 )
 from posttrainllm.config.opt import Opt
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
+
+
+def vision_llrd_range(v):
+    """γ_v in the same range as --llrd's γ."""
+    if not math.isfinite(v) or not (LLRD_MIN <= v <= LLRD_MAX):
+        return f"must be a number in {LLRD_RANGE} (1.0 = no decay of the vision tower)"
+    return None
+
 
 LLRD: tuple[Opt, ...] = (
     Opt(
@@ -69,6 +82,47 @@ LLRD: tuple[Opt, ...] = (
         default=None,
         help="Dotted path of the decoder block list when it cannot be found (e.g. model.layers).",
         commands=TRAINING,
+        metavar="PATH",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        name="vision_llrd",
+        type=float,
+        default=None,
+        help=f"Vision-language models: layer decay γ_v in {LLRD_RANGE} of the vision tower, over its own M blocks: "
+        "vision block j trains at lr×γ_v^(M-1-j) (its embeddings at block 0's LR). Absent: --llrd's γ.",
+        commands=POST_TRAINING,
+        check=vision_llrd_range,
+        metavar="GAMMA",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        name="projector_lr_scale",
+        type=float,
+        default=None,
+        help="Vision-language models: the projector (aligner between the vision tower and the decoder) trains at "
+        "lr×SCALE. Absent: 1; 0 freezes it.",
+        commands=POST_TRAINING,
+        check=non_negative,
+        metavar="SCALE",
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        name="freeze_vision",
+        type=bool,
+        default=False,
+        help="Vision-language models: freeze the vision tower (no optimizer state; the projector and the decoder "
+        "train).",
+        commands=POST_TRAINING,
+        panel="Layer-wise LR decay",
+    ),
+    Opt(
+        name="vision_blocks",
+        type=str,
+        default=None,
+        help="Dotted path of the vision tower's block list when it cannot be found (e.g. "
+        "model.vision_tower.encoder.layers).",
+        commands=POST_TRAINING,
         metavar="PATH",
         panel="Layer-wise LR decay",
     ),
