@@ -143,6 +143,7 @@ def test_plan_builder_says_nothing_left_to_train(tiny_model_dir):
     cfg = SimpleNamespace(
         llrd=1.0, llrd_bottom_scale=0, lr=1e-3, weight_decay=0.0, tied_embeddings="head", llrd_min_scale=0.0,
         llrd_freeze_below=0.0, llrd_blocks=None, lr_groups={".": 0.0}, loraplus_ratio=None,
+        vision_llrd=None, projector_lr_scale=None, freeze_vision=False, vision_blocks=None,
     )  # fmt: skip
     with pytest.raises(UsageError, match="^--lr-group: nothing left to train"):
         plan_param_groups(cfg, model)
