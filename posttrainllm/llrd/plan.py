@@ -74,7 +74,8 @@ class LLRDPlan:
         """Groups without tensors (``param_groups.json``): name, lr, weight_decay, scale (= lr / base_lr), depth,
         the factors of the composition: depth_scale, pattern (or None), factor, loraplus; for a vision-language
         model the group's tower; then params."""
-        keys = ("name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor", "loraplus")
+        keys: tuple[str, ...] = ("name", "lr", "weight_decay", "scale", "depth", "depth_scale", "pattern", "factor")
+        keys += ("loraplus",)
         keys += ("tower",) if self.vision is not None else ()
         return [{**{k: g[k] for k in keys}, "params": list(self.param_names[g["name"]])} for g in self.groups]
 

@@ -291,7 +291,7 @@ def find_towers(
     model: nn.Module,
     block_path: str | None = None,
     vision_block_path: str | None = None,
-    out_ids: set[int] = frozenset(),
+    out_ids: frozenset[int] | set[int] = frozenset(),
 ) -> Towers | None:
     """The towers of a vision-language model (None for a text-only one); ``out_ids`` are the output head's
     parameters (not the projector's). Raises ``BlockStructureError`` (``field`` ``"vision_block_path"`` for the vision
