@@ -117,14 +117,41 @@ def new_token_budget(model, prompt_tokens: int, asked: int) -> tuple[int, str | 
     )
 
 
-def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float, note=None) -> str:
-    """The completion of `text`; `note(message)` is told when --max-new-tokens is clamped to the context."""
+def complete_image(model, processor, prompt: Any, image: str | None, system: str | None, **sampling) -> str:
+    """A vision-language model's answer: the processor's chat template over one user turn (the image, when given,
+    before the prompt's text; a --system message first), the image processed with it."""
+    from PIL import Image
+
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": [{"type": "text", "text": _as_text(
+        prompt)}]}]  # fmt: skip
+    if image:
+        messages[0]["content"].insert(0, {"type": "image"})
+    if system:
+        messages = [{"role": "system", "content": [{"type": "text", "text": system}]}, *messages]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pictures = None
+    if image:
+        try:
+            with Image.open(Path(image).expanduser()) as opened:
+                pictures = [opened.convert("RGB")]
+        except OSError as e:
+            raise UsageError(f"--image {image}: not an image PIL can open ({e.__class__.__name__})") from None
+    enc = processor(images=pictures, text=text, return_tensors="pt", add_special_tokens=False)
+    return complete(model, processor.tokenizer, text, encoded=enc, **sampling)
+
+
+def complete(
+    model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float, note=None, encoded=None
+) -> str:
+    """The completion of `text` (`encoded`: its model inputs already made, e.g. with an image's pixels);
+    `note(message)` is told when --max-new-tokens is clamped to the context."""
     import torch
 
     device = next(model.parameters()).device
-    enc = tokenizer(text, return_tensors="pt", add_special_tokens=not getattr(tokenizer, "chat_template", None)).to(
-        device
-    )
+    if encoded is None:
+        special = not getattr(tokenizer, "chat_template", None)
+        encoded = tokenizer(text, return_tensors="pt", add_special_tokens=special)
+    enc = encoded.to(device)
     max_new_tokens, clamped = new_token_budget(model, enc["input_ids"].shape[1], max_new_tokens)
     if clamped and note is not None:
         note(clamped)
@@ -179,6 +206,7 @@ def run(cfg: RunConfig, echo=print) -> None:
 
     from posttrainllm import models
     from posttrainllm.training import quiet_progress_bars
+    from posttrainllm.vision.detect import describe_config, is_vlm
 
     quiet_progress_bars()
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
@@ -187,7 +215,16 @@ def run(cfg: RunConfig, echo=print) -> None:
         problems = output_file_problems("--output", cfg.output, cfg.overwrite, [(f"--model {cfg.model}", model_path)])
         if problems:
             raise UsageError(problems[0])
-    tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
+    vision = is_vlm(model_path, cfg.trust_remote_code)
+    if cfg.image and not vision:
+        raise UsageError(
+            f"--image {cfg.image}: --model {cfg.model} is a text-only model ({describe_config(model_path)}); "
+            "give a vision-language model, or leave out --image"
+        )
+    if vision:
+        tokenizer = models.load_processor(model_path, cfg.trust_remote_code)
+    else:
+        tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto")
     )
@@ -204,12 +241,13 @@ def run(cfg: RunConfig, echo=print) -> None:
             noted.add(message)
             print(f"note: {message}", file=sys.stderr)
 
+    sampling = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, note=note)
     for prompt in prompts:
-        text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
-        completion = complete(
-            model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-            note=note,
-        )  # fmt: skip
+        if vision:
+            completion = complete_image(model, tokenizer, prompt, cfg.image, cfg.system, **sampling)
+        else:
+            text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
+            completion = complete(model, tokenizer, text, **sampling)
         if cfg.prompt is not None:
             echo(completion)
         else:

@@ -137,3 +137,51 @@ def draw_image(path: Path, size: int = 28, color: tuple[int, int, int] = (200, 3
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)
     return path
+
+
+COLORS = {"red": (200, 30, 30), "green": (30, 160, 60), "blue": (40, 60, 200), "black": (0, 0, 0)}
+
+
+def sft_row(image: str, color: str) -> dict:
+    """One image-text conversation: a user turn with an image part and a question, the assistant's answer."""
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What color is the square?"}]},
+            {"role": "assistant", "content": f"the square is {color}"},
+        ],
+        "images": [image],
+    }
+
+
+def write_images(directory: Path) -> dict[str, str]:
+    """One drawn image per color under `directory`/pics: color -> its path relative to `directory`."""
+    return {c: str(draw_image(directory / "pics" / f"{c}.png", color=rgb).relative_to(directory)) for c, rgb in
+            COLORS.items()}  # fmt: skip
+
+
+def write_sft_data(directory: Path, n: int = 4) -> Path:
+    """`directory`/vlm_sft.jsonl: n conversations about drawn images, whose paths are relative to the file."""
+    from conftest import write_jsonl
+
+    images = write_images(directory)
+    colors = list(COLORS)
+    rows = [sft_row(images[colors[i % len(colors)]], colors[i % len(colors)]) for i in range(n)]
+    return write_jsonl(directory / "vlm_sft.jsonl", rows)
+
+
+def write_preference_data(directory: Path, n: int = 4) -> Path:
+    """`directory`/vlm_pref.jsonl: n preference pairs (prompt with an image part, chosen, rejected, images)."""
+    from conftest import write_jsonl
+
+    images = write_images(directory)
+    colors = list(COLORS)
+    rows = []
+    for i in range(n):
+        color, wrong = colors[i % len(colors)], colors[(i + 1) % len(colors)]
+        rows.append({
+            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which color?"}]}],
+            "chosen": [{"role": "assistant", "content": f"the square is {color}"}],
+            "rejected": [{"role": "assistant", "content": f"the square is {wrong}"}],
+            "images": [images[color]],
+        })  # fmt: skip
+    return write_jsonl(directory / "vlm_pref.jsonl", rows)

@@ -32,6 +32,16 @@ GENERATE: tuple[Opt, ...] = (
         input=PATH,
     ),
     Opt(
+        name="image",
+        type=str,
+        default=None,
+        help="Image file for --prompt (a vision-language model): it goes before the prompt's text.",
+        commands=("generate",),
+        metavar="FILE",
+        panel="Inputs",
+        input=PATH,
+    ),
+    Opt(
         name="system",
         type=str,
         default=None,
