@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrainllm.data import reading
 from posttrainllm.data.loss_mask import LossMask
 from posttrainllm.data.prepare import PreparedData, _check_args, _random_split
 from posttrainllm.errors import UsageError, shorten
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 IMAGE_COLUMNS = ("images", "image")
 ROLES = ("system", "user", "assistant")
@@ -230,7 +233,7 @@ def convert(source: str, shape: str, *, split_last: bool, max_samples: int | Non
     return rows.cast_column("images", List(Image()))
 
 
-def prepare(cfg, processor, shape: str) -> PreparedData:
+def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
     """The run's image-text data (sft: conversations; dpo: preference pairs), checked, split, with the loss mask.
 
     sft's loss falls on the assistant's turns (image tokens and every other turn masked) through TRL's
@@ -288,7 +291,7 @@ UNSUPPORTED = {
 }
 
 
-def unsupported(cfg) -> list[str]:
+def unsupported(cfg: RunConfig) -> list[str]:
     """The options of `cfg` that a vision-language run does not take yet, one problem each."""
     return [
         f"{flag} is not supported for vision-language models yet (docs/vlm.md)"
