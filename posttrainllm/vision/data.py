@@ -245,6 +245,11 @@ def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
     if shape not in SHAPE_COLUMNS:
         raise UsageError(f"{cfg.command} does not take image-text data: sft and dpo do (docs/vlm.md)")
     _check_args(cfg.eval_split, cfg.eval_dataset, cfg.max_samples)
+    if not getattr(processor, "chat_template", None):
+        raise UsageError(
+            f"the processor of --model {cfg.model} has no chat template, and a vision-language model's cannot be "
+            "guessed (where its image tokens go is the model's own); add one (chat_template.jinja in the model folder)"
+        )
     markers = has_generation_markers(processor)
     split_last = shape == "sft" and not markers and not cfg.train_on_prompt
     common = dict(split_last=split_last, num_proc=cfg.dataset_num_proc)

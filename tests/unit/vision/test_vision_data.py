@@ -20,8 +20,8 @@ def processor():
 
 
 def run_config(dataset, **overrides):
-    base = dict(command="sft", dataset=str(dataset), eval_dataset=None, eval_split=0.0, max_samples=None, seed=0,
-                dataset_num_proc=None, train_on_prompt=False)  # fmt: skip
+    base = dict(command="sft", model="m", dataset=str(dataset), eval_dataset=None, eval_split=0.0, max_samples=None,
+                seed=0, dataset_num_proc=None, train_on_prompt=False)  # fmt: skip
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -103,3 +103,12 @@ def test_without_generation_markers_several_assistant_turns_are_refused(processo
     row["messages"] += [{"role": "user", "content": "sure?"}, {"role": "assistant", "content": "yes"}]
     with pytest.raises(UsageError, match="row 1: .*no \\{% generation %\\} markers"):
         vision_data.prepare(run_config(write_jsonl(tmp_path / "d.jsonl", [row])), _without_markers(processor), "sft")
+
+
+def test_a_processor_without_a_chat_template_is_refused(processor, tmp_path):
+    import copy
+
+    bare = copy.deepcopy(processor)
+    bare.chat_template = None
+    with pytest.raises(UsageError, match="has no chat template"):
+        vision_data.prepare(run_config(write_sft_data(tmp_path, n=2)), bare, "sft")
