@@ -17,11 +17,17 @@ def is_vision_config(config: Any) -> bool:
 
 
 def read_config(ref: str, trust_remote_code: bool = False) -> Any | None:
-    """The model's config, or None when it cannot be read (an adapter directory, a hub id not cached offline: the
-    model load that follows reports the real problem)."""
+    """The model's config (a LoRA adapter directory's: its base model's), or None when it cannot be read (a hub id
+    not cached offline: the model load that follows reports the real problem)."""
+    import json
+    from pathlib import Path
+
     from transformers import AutoConfig
 
+    adapter = Path(ref).expanduser() / "adapter_config.json"
     try:
+        if adapter.is_file() and not adapter.with_name("config.json").is_file():
+            ref = json.loads(adapter.read_text(encoding="utf-8"))["base_model_name_or_path"]
         return AutoConfig.from_pretrained(ref, trust_remote_code=trust_remote_code)
     except Exception:  # noqa: BLE001 - the model load that follows reports the real problem
         return None
