@@ -112,3 +112,28 @@ def test_a_processor_without_a_chat_template_is_refused(processor, tmp_path):
     bare.chat_template = None
     with pytest.raises(UsageError, match="has no chat template"):
         vision_data.prepare(run_config(write_sft_data(tmp_path, n=2)), bare, "sft")
+
+
+def test_an_image_column_of_one_file_per_row_becomes_images(processor, tmp_path):
+    images = write_images(tmp_path)
+    rows = [{"messages": sft_row("", "red")["messages"], "image": str(tmp_path / images["red"])}] * 2  # absolute
+    prepared = vision_data.prepare(run_config(write_jsonl(tmp_path / "d.jsonl", rows)), processor, "sft")
+    assert prepared.train[1]["images"][0].size == (28, 28)
+    assert set(prepared.train.column_names) == {"messages", "images"}
+
+
+def test_preference_rows_keep_their_image_parts_in_the_prompt(processor, tmp_path):
+    from vlm_models import write_preference_data
+
+    prepared = vision_data.prepare(run_config(write_preference_data(tmp_path, n=2)), processor, "preference")
+    row = prepared.train[0]
+    assert [p["type"] for p in row["prompt"][0]["content"]] == ["image", "text"]
+    assert row["chosen"][0]["role"] == "assistant" and len(row["images"]) == 1 and prepared.loss is None
+
+
+def test_a_preference_row_with_an_image_but_no_image_part_names_its_row(processor, tmp_path):
+    images = write_images(tmp_path)
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "Which?"}]}], "chosen": "red",
+             "rejected": "blue", "images": [images["red"]]}]  # fmt: skip
+    with pytest.raises(UsageError, match=r"row 1: 1 image\(s\) in 'images' but 0"):
+        vision_data.prepare(run_config(write_jsonl(tmp_path / "d.jsonl", rows)), processor, "preference")
