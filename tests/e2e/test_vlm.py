@@ -78,11 +78,14 @@ def test_dpo_trains_on_image_preference_pairs(vlm_dir, tmp_path):
 
 
 def test_a_lora_adapter_of_a_vlm_trains_and_answers_an_image_prompt(tmp_path):
-    """--lora-r on a VLM saves an adapter; generate finds that its base is a VLM (from adapter_config.json)."""
+    """--lora-r on a VLM saves an adapter (with an eval split of the image data); generate finds that its base is a
+    VLM (from adapter_config.json)."""
     model = save_vlm("llava", tmp_path / "llava")
-    data, out = write_sft_data(tmp_path / "data", n=4), tmp_path / "out"
-    r = runner.invoke(app, run_args("sft", model, data, out, "--lora-r", "4", steps=2, batch=2, max_length=128))
+    data, out = write_sft_data(tmp_path / "data", n=8), tmp_path / "out"
+    r = runner.invoke(app, run_args("sft", model, data, out, "--lora-r", "4", "--eval-split", "0.25", steps=2, batch=2,
+                                    max_length=128))  # fmt: skip
     assert r.exit_code == 0, r.output
+    assert "eval_loss" in json.loads((out / "eval_results.json").read_text())["train"]
     assert (out / "adapter_config.json").is_file() and not (out / "config.json").exists()
     image = tmp_path / "data" / write_images(tmp_path / "data")["red"]
     r = runner.invoke(app, cli_args("generate", out, image=image, prompt="What color?", max_new_tokens=8))

@@ -137,3 +137,17 @@ def test_a_preference_row_with_an_image_but_no_image_part_names_its_row(processo
              "rejected": "blue", "images": [images["red"]]}]  # fmt: skip
     with pytest.raises(UsageError, match=r"row 1: 1 image\(s\) in 'images' but 0"):
         vision_data.prepare(run_config(write_jsonl(tmp_path / "d.jsonl", rows)), processor, "preference")
+
+
+def test_preparing_the_data_decodes_no_image(processor, tmp_path, monkeypatch):
+    """Only headers are read while the rows are checked: pixels are decoded when a row is read (a batch is built)."""
+    from PIL import ImageFile
+
+    data = write_sft_data(tmp_path, n=4)
+    decoded = []
+    original = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self) or original(self))
+    prepared = vision_data.prepare(run_config(data), processor, "sft")
+    assert decoded == []
+    prepared.train[0]["images"][0].convert("RGB")
+    assert decoded  # reading one row decodes its image
