@@ -103,9 +103,12 @@ def _vision(cfg: RunConfig, spec: CommandSpec, model_path: str) -> bool:
     from posttrainllm.vision import detect
 
     if not detect.is_vlm(model_path, cfg.trust_remote_code):
-        if getattr(cfg, "dataset", None):
-            what = detect.describe_config(model_path, cfg.trust_remote_code)
-            vision_data.check_text_model(cfg.dataset, cfg.model, what, streaming=bool(getattr(cfg, "streaming", False)))
+        what = detect.describe_config(model_path, cfg.trust_remote_code)
+        streaming = bool(getattr(cfg, "streaming", False))
+        for flag, source in (("--dataset", cfg.dataset), ("--eval-dataset", cfg.eval_dataset)):
+            if source:
+                vision_data.check_text_model(source, cfg.model, what, streaming=streaming, flag=flag)
+                streaming = False  # an eval dataset is read whole
         return False
     if not spec.vision:
         raise UsageError(f"--model {cfg.model} is a vision-language model; {cfg.command} does not train one yet: "

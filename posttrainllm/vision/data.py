@@ -42,13 +42,13 @@ def image_column(columns) -> str | None:
     return next((c for c in IMAGE_COLUMNS if c in columns), None)
 
 
-def check_text_model(source: str, model: str, what: str, streaming: bool = False) -> None:
+def check_text_model(source: str, model: str, what: str, streaming: bool = False, flag: str = "--dataset") -> None:
     """Image-text data given to a text-only model: a UsageError (exit 2) before the model loads."""
     ds = reading.load(source, streaming=streaming)
     column = image_column(reading.columns(ds, None if not streaming else reading.head(ds, 1)))
     if column is not None:
         raise UsageError(
-            f"--dataset {source} has an '{column}' column, but --model {model} is a text-only model ({what}): "
+            f"{flag} {source} has an '{column}' column, but --model {model} is a text-only model ({what}): "
             "use a vision-language model (one whose config has a vision_config), or drop the column"
         )
 

@@ -93,3 +93,10 @@ def test_what_a_vision_run_does_not_take_exits_2(command, extra, fragment, llava
         data = write_jsonl(tmp_path / "kto.jsonl", rows)
     r = runner.invoke(app, run_args(command, llava_dir, data, tmp_path / "o", *extra))
     assert fragment in _one_line_exit_2(r)
+
+
+def test_image_eval_data_for_a_text_only_model_exits_2(tiny_model_dir, alpaca_file, tmp_path, no_model_load):
+    data = write_sft_data(tmp_path)
+    r = runner.invoke(app, run_args("sft", tiny_model_dir, alpaca_file, tmp_path / "o", "--eval-dataset", data))
+    out = _one_line_exit_2(r)
+    assert out.startswith("error: --eval-dataset") and "text-only" in out
