@@ -91,3 +91,27 @@ def test_a_lora_adapter_of_a_vlm_trains_and_answers_an_image_prompt(tmp_path):
     r = runner.invoke(app, cli_args("generate", out, image=image, prompt="What color?", max_new_tokens=8))
     assert r.exit_code == 0, r.output
     assert r.output.strip()
+
+
+def test_generate_answers_a_prompts_file_with_images(vlm_dir, tmp_path):
+    """--prompts JSON Lines on a VLM: each record's images (relative to the file) go with its prompt; a string prompt
+    gets them before its text, messages place them with their image parts; a record without images is text only."""
+    images = write_images(tmp_path)
+    rows = [
+        {"prompt": "What color is the square?", "images": [images["red"]]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image"},
+                                                   {"type": "image"}]}], "images": [images["red"], images["blue"]]},
+        {"prompt": "Say hello."},
+    ]  # fmt: skip
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "answers.jsonl"
+    r = runner.invoke(app, cli_args("generate", vlm_dir, prompts=prompts, output=out, max_new_tokens=4))
+    assert r.exit_code == 0, r.output
+    answers = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [len(a.get("images", [])) for a in answers] == [1, 2, 0]
+    assert all(isinstance(a["completion"], str) for a in answers)
+    rows[0]["images"] = ["pics/absent.png"]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = runner.invoke(app, cli_args("generate", vlm_dir, prompts=prompts, output=tmp_path / "again.jsonl"))
+    assert r.exit_code == 2 and "line 1: image file pics/absent.png not found" in r.output

@@ -25,7 +25,8 @@ GENERATE: tuple[Opt, ...] = (
         name="prompts",
         type=str,
         default=None,
-        help="File of prompts: one per line, or JSON Lines with prompt / messages / instruction; writes JSON Lines.",
+        help="File of prompts: one per line, or JSON Lines with prompt / messages / instruction (and images, for a "
+        "vision-language model); writes JSON Lines.",
         commands=("generate",),
         metavar="FILE",
         panel="Inputs",
