@@ -229,6 +229,7 @@ def convert(source: str, shape: str, *, split_last: bool, max_samples: int | Non
     rows = ds.map(
         _Rows(shape, source, column, split_last), batched=True, with_indices=True, remove_columns=ds.column_names,
         features=_features(shape, split_last), num_proc=reading.processes(num_proc), desc="checking the images",
+        load_from_cache_file=False,  # the files are checked on every run: one may have gone since the last
     )  # fmt: skip
     return rows.cast_column("images", List(Image()))
 

@@ -151,3 +151,12 @@ def test_preparing_the_data_decodes_no_image(processor, tmp_path, monkeypatch):
     assert decoded == []
     prepared.train[0]["images"][0].convert("RGB")
     assert decoded  # reading one row decodes its image
+
+
+def test_an_image_removed_since_an_earlier_run_is_caught(processor, tmp_path):
+    """The checks are not taken from datasets' cache of an earlier run on the same file."""
+    data = write_sft_data(tmp_path, n=2)
+    vision_data.prepare(run_config(data), processor, "sft")
+    (tmp_path / "pics" / "red.png").unlink()
+    with pytest.raises(UsageError, match="row 1: image file pics/red.png not found"):
+        vision_data.prepare(run_config(data), processor, "sft")
