@@ -46,6 +46,27 @@ def read_prompts(path: str) -> list[Any]:
     return prompts
 
 
+def prompt_images(path: str) -> list[list[str]]:
+    """The images of each prompt of a JSON Lines --prompts file (an "images" list or an "image" of a record; paths
+    relative to the file's folder), in the order of `read_prompts`; a missing file is a UsageError naming its line."""
+    p = Path(path).expanduser()
+    if p.suffix.lower() not in (".jsonl", ".json"):
+        return [[] for line in p.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), start=1):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        names = (rec.get("images") or rec.get("image") or []) if isinstance(rec, dict) else []
+        names = [names] if isinstance(names, str) else names
+        files = [p.parent / Path(name).expanduser() for name in names if isinstance(name, str)]
+        for name, file in zip(names, files):
+            if not file.is_file():
+                raise UsageError(f"--prompts {path}: line {n}: image file {name} not found (relative to {p.parent})")
+        out.append([str(f) for f in files])
+    return out
+
+
 def _from_record(rec: Any, where: str) -> Any:
     if isinstance(rec, str):
         return rec
@@ -117,14 +138,56 @@ def new_token_budget(model, prompt_tokens: int, asked: int) -> tuple[int, str | 
     )
 
 
-def complete(model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float, note=None) -> str:
-    """The completion of `text`; `note(message)` is told when --max-new-tokens is clamped to the context."""
+def _with_images(prompt: Any, n_images: int) -> list[dict]:
+    """The prompt as messages of content parts; a prompt without image parts gets its `n_images` images before the
+    text of its first user message (TRL's rule); a count that does not match its image parts is a UsageError."""
+    if isinstance(prompt, list):
+        messages = [{**m, "content": [{"type": "text", "text": m.get("content") or ""}]}
+                    if not isinstance(m.get("content"), list) else dict(m) for m in prompt]  # fmt: skip
+    else:
+        messages = [{"role": "user", "content": [{"type": "text", "text": _as_text(prompt)}]}]
+    parts = sum(1 for m in messages for p in m["content"] if isinstance(p, dict) and p.get("type") == "image")
+    if parts == 0 and n_images:
+        first = next((m for m in messages if m.get("role") == "user"), messages[0])
+        first["content"] = [{"type": "image"} for _ in range(n_images)] + first["content"]
+    elif parts != n_images:
+        raise UsageError(f'a prompt has {parts} {{"type": "image"}} part(s) but {n_images} image(s); give one per part')
+    return messages
+
+
+def complete_image(model, processor, prompt: Any, images: list[str], system: str | None, **sampling) -> str:
+    """A vision-language model's answer: the processor's chat template over the prompt (its images, when given,
+    before the text of the first user turn unless it places them; a --system message first), the images processed
+    with it."""
+    from PIL import Image
+
+    messages = _with_images(prompt, len(images))
+    if system and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": [{"type": "text", "text": system}]}, *messages]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    pictures = []
+    for image in images:
+        try:
+            with Image.open(Path(image).expanduser()) as opened:
+                pictures.append(opened.convert("RGB"))
+        except OSError as e:
+            raise UsageError(f"image {image}: not an image PIL can open ({e.__class__.__name__})") from None
+    enc = processor(images=pictures or None, text=text, return_tensors="pt", add_special_tokens=False)
+    return complete(model, processor.tokenizer, text, encoded=enc, **sampling)
+
+
+def complete(
+    model, tokenizer, text: str, *, max_new_tokens: int, temperature: float, top_p: float, note=None, encoded=None
+) -> str:
+    """The completion of `text` (`encoded`: its model inputs already made, e.g. with an image's pixels);
+    `note(message)` is told when --max-new-tokens is clamped to the context."""
     import torch
 
     device = next(model.parameters()).device
-    enc = tokenizer(text, return_tensors="pt", add_special_tokens=not getattr(tokenizer, "chat_template", None)).to(
-        device
-    )
+    if encoded is None:
+        special = not getattr(tokenizer, "chat_template", None)
+        encoded = tokenizer(text, return_tensors="pt", add_special_tokens=special)
+    enc = encoded.to(device)
     max_new_tokens, clamped = new_token_budget(model, enc["input_ids"].shape[1], max_new_tokens)
     if clamped and note is not None:
         note(clamped)
@@ -179,6 +242,7 @@ def run(cfg: RunConfig, echo=print) -> None:
 
     from posttrainllm import models
     from posttrainllm.training import quiet_progress_bars
+    from posttrainllm.vision.detect import describe_config, is_vlm
 
     quiet_progress_bars()
     prompts = [cfg.prompt] if cfg.prompt is not None else read_prompts(cfg.prompts)
@@ -187,7 +251,20 @@ def run(cfg: RunConfig, echo=print) -> None:
         problems = output_file_problems("--output", cfg.output, cfg.overwrite, [(f"--model {cfg.model}", model_path)])
         if problems:
             raise UsageError(problems[0])
-    tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
+    vision = is_vlm(model_path, cfg.trust_remote_code)
+    if cfg.image and not vision:
+        raise UsageError(
+            f"--image {cfg.image}: --model {cfg.model} is a text-only model ({describe_config(model_path)}); "
+            "give a vision-language model, or leave out --image"
+        )
+    if cfg.prompt is not None:
+        image_lists = [[cfg.image] if cfg.image else []]
+    else:
+        image_lists = prompt_images(cfg.prompts) if vision else [[] for _ in prompts]
+    if vision:
+        tokenizer = models.load_processor(model_path, cfg.trust_remote_code)
+    else:
+        tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code)
     model = models.load_model(
         model_path, trust_remote_code=cfg.trust_remote_code, precision=models.pick_precision("auto")
     )
@@ -204,16 +281,18 @@ def run(cfg: RunConfig, echo=print) -> None:
             noted.add(message)
             print(f"note: {message}", file=sys.stderr)
 
-    for prompt in prompts:
-        text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
-        completion = complete(
-            model, tokenizer, text, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-            note=note,
-        )  # fmt: skip
+    sampling = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, note=note)
+    for prompt, images in zip(prompts, image_lists):
+        if vision:
+            completion = complete_image(model, tokenizer, prompt, images, cfg.system, **sampling)
+        else:
+            text = render(tokenizer, prompt, cfg.prompt_format, cfg.system)
+            completion = complete(model, tokenizer, text, **sampling)
         if cfg.prompt is not None:
             echo(completion)
         else:
-            lines.append(json.dumps({"prompt": prompt, "completion": completion}, ensure_ascii=False))
+            record = {"prompt": prompt, **({"images": images} if images else {}), "completion": completion}
+            lines.append(json.dumps(record, ensure_ascii=False))
     if cfg.prompt is None:
         if cfg.output:
             write_output(cfg.output, "\n".join(lines) + "\n", overwrite=cfg.overwrite)

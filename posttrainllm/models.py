@@ -182,6 +182,34 @@ def load_tokenizer(
     return tok
 
 
+def load_processor(ref: str, trust_remote_code: bool = False, *, need_eos: bool = False):
+    """A vision-language model's processor (AutoProcessor: its image processor, tokenizer and chat template), its
+    tokenizer given a pad token as `load_tokenizer` does; one-line errors."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"cannot load a processor from {ref}: {one_line(e)}") from e
+    tok = getattr(processor, "tokenizer", None)
+    if tok is None:
+        raise ModelError(f"the processor of {ref} ({type(processor).__name__}) has no tokenizer")
+    check_tokenizer_templates(processor, _template_owner(ref))
+    if need_eos and tok.eos_token is None:
+        raise ModelError(f"the tokenizer of {ref} has no EOS token: completions could not end; set eos_token")
+    if tok.pad_token is None:
+        if tok.eos_token is not None:
+            tok.pad_token = tok.eos_token
+        else:
+            tok.add_special_tokens({"pad_token": "<|pad|>"})
+    return processor
+
+
+def text_tokenizer(tokenizer_or_processor):
+    """The tokenizer itself: a processor's `tokenizer`, or the argument when it is one."""
+    return getattr(tokenizer_or_processor, "tokenizer", None) or tokenizer_or_processor
+
+
 # --model-arg keys that a first-class option owns, and the from_pretrained keywords that make no sense here
 _MODEL_ARG_OWNER = {"trust_remote_code": "--trust-remote-code", "pretrained_model_name_or_path": "--model"}
 _LOAD_KWARGS = {
@@ -253,7 +281,8 @@ def load_model(
     notes: list[str] | None = None,
     reward_head: bool = False,
 ):
-    """AutoModelForCausalLM.from_pretrained for a local dir or hub id; safetensors preferred; one-line errors.
+    """AutoModelForCausalLM.from_pretrained for a local dir or hub id (AutoModelForImageTextToText for a
+    vision-language model: posttrainllm/vision/detect.py); safetensors preferred; one-line errors.
     `reward_head`: AutoModelForSequenceClassification with one output (a reward model): its score head is new, and
     the checkpoint's LM head goes unused, which the notes say (any other mismatch is reported as usual).
     `model_args` (checked by check_model_args) are passed on to from_pretrained. The config is checked against
@@ -261,9 +290,10 @@ def load_model(
     `fine_tune` any block count the weights do not hold); for a model to `fine_tune`, missing or unused weights
     are a ModelError unless `allow_new_weights` (then `notes` name them)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
     from posttrainllm import weights
+    from posttrainllm.vision.detect import is_vlm
 
     check_model_ref(ref, what)
     weights.check_config(ref, allow_new_weights=allow_new_weights or not fine_tune, what=what)
@@ -271,7 +301,10 @@ def load_model(
     bf16 = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     dtype = {"fp32": torch.float32, "bf16": bf16, "fp16": torch.float32}[precision]
     kwargs = {"dtype": dtype, **(model_args or {})}
-    auto = AutoModelForSequenceClassification if reward_head else AutoModelForCausalLM
+    if reward_head:
+        auto = AutoModelForSequenceClassification
+    else:
+        auto = AutoModelForImageTextToText if is_vlm(ref, trust_remote_code) else AutoModelForCausalLM
     if reward_head:
         kwargs["num_labels"] = 1
     try:
@@ -328,6 +361,7 @@ def num_layers(ref: str, trust_remote_code: bool = False) -> int | None:
 
 def fit_embeddings_to_tokenizer(model, tokenizer) -> None:
     """Grow the embedding matrix when the tokenizer has more tokens (e.g. an added pad token)."""
+    tokenizer = text_tokenizer(tokenizer)
     try:
         rows = model.get_input_embeddings().weight.shape[0]
     except (NotImplementedError, AttributeError):

@@ -75,6 +75,7 @@ SPEC = CommandSpec(
     trainer_fields=_fields,
     owned_fields={"loss_type": "--loss-type", "loss_weights": "--loss-weights"},
     data="preference",
+    vision=True,
     reference="ref_model",
     lr=5e-7,
     max_length=512,

@@ -20,6 +20,10 @@ def _one_source(command: str, v: Mapping[str, Any]) -> list[str]:
         problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
     if v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
         problems.append(f"--prompts: {v['prompts']} does not exist")
+    if v.get("image") and v.get("prompt") is None:
+        problems.append("--image goes with --prompt TEXT (the question about the image)")
+    if v.get("image") and not os.path.isfile(os.path.expanduser(v["image"])):
+        problems.append(f"--image: {v['image']} does not exist")
     return problems
 
 

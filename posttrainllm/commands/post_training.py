@@ -39,13 +39,22 @@ def setup(ctx: Context) -> Setup:
     notes: list[str] = models.precision_notes(ctx.precision) + vocab_notes
     if source and (low := gguf_note(source)):
         notes.append(low)
-    tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code, need_eos=spec.needs_eos, notes=notes)
+    if vision := _vision(cfg, spec, model_path):  # a vision-language model: its processor, image-text data
+        tokenizer = models.load_processor(model_path, cfg.trust_remote_code, need_eos=spec.needs_eos)
+    else:
+        tokenizer = models.load_tokenizer(model_path, cfg.trust_remote_code, need_eos=spec.needs_eos, notes=notes)
     positions = models.max_positions(model_path, cfg.trust_remote_code)
     cfg, clamped = clamp_max_length(cfg, positions)
     notes += clamped
     if cfg.llrd_bottom_scale and (n_cfg := models.num_layers(model_path, cfg.trust_remote_code)):
         bottom_scale_gamma(cfg, n_cfg)  # a bottom scale out of range stops here, before the model loads
-    prepared = pipeline.prepare(cfg, tokenizer, spec.data, *_starting_model(cfg, model_path, ctx.precision, model_args))
+    if vision:
+        from posttrainllm.vision import data as vision_data
+
+        prepared = vision_data.prepare(cfg, tokenizer, spec.data)
+    else:
+        starting = _starting_model(cfg, model_path, ctx.precision, model_args)
+        prepared = pipeline.prepare(cfg, tokenizer, spec.data, *starting)
     if spec.rewards:
         check_reward_columns(prepared, cfg.reward_match)
     if spec.samples:
@@ -84,6 +93,30 @@ def setup(ctx: Context) -> Setup:
         resolved=resolved, model_path=model_path, trainer_models=trainer_models,
         after_plan=prepared.self_replay.write if prepared.self_replay is not None else None,
     )  # fmt: skip
+
+
+def _vision(cfg: RunConfig, spec: CommandSpec, model_path: str) -> bool:
+    """Whether --model is a vision-language model (from its config), with what such a run cannot take refused at
+    once (exit 2); image-text data given to a text-only model is refused too."""
+    from posttrainllm.errors import ConfigErrors
+    from posttrainllm.vision import data as vision_data
+    from posttrainllm.vision import detect
+
+    if not detect.is_vlm(model_path, cfg.trust_remote_code):
+        what = detect.describe_config(model_path, cfg.trust_remote_code)
+        streaming = bool(getattr(cfg, "streaming", False))
+        for flag, source in (("--dataset", cfg.dataset), ("--eval-dataset", cfg.eval_dataset)):
+            if source:
+                vision_data.check_text_model(source, cfg.model, what, streaming=streaming, flag=flag)
+                streaming = False  # an eval dataset is read whole
+        return False
+    if not spec.vision:
+        raise UsageError(f"--model {cfg.model} is a vision-language model; {cfg.command} does not train one yet: "
+                         "sft and dpo do (docs/vlm.md)")  # fmt: skip
+    problems = vision_data.unsupported(cfg)
+    if problems:
+        raise ConfigErrors(problems)
+    return True
 
 
 def _starting_model(cfg: RunConfig, model_path: str, precision: str, model_args: dict):

@@ -41,6 +41,7 @@ SPEC = CommandSpec(
     trainer_fields=_fields,
     owned_fields={"packing": "--packing", "padding_free": "--packing"},  # SFTConfig's own loss_type stays free
     data="sft",
+    vision=True,
     lr=2e-5,
     max_length=512,
     rows=_rows,

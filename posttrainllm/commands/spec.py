@@ -40,6 +40,7 @@ class CommandSpec:
     rewards: bool = False  # scores those completions with reward functions (--reward-*)
     reference: Literal["ref_model", "teacher"] | None = None  # the second model's option: a reference or a teacher
     reward_head: bool = False  # the model gets a score head (a sequence classifier), not an LM head
+    vision: bool = False  # trains a vision-language model on image-text data too (posttrainllm/vision/)
     needs_eos: bool = True  # the tokenizer must have an end-of-sequence token
     from_scratch: bool = False  # no base model: the run starts from random weights
     lr: float | None = None  # the default --lr

@@ -106,6 +106,7 @@ class RunConfig:
     quick: bool = False
     prompt: str | None = None
     prompts: str | None = None
+    image: str | None = None
     system: str | None = None
     prompt_format: str = "auto"
     max_new_tokens: int = 128
