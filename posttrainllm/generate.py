@@ -281,7 +281,9 @@ def run(cfg: RunConfig, echo=print) -> None:
             noted.add(message)
             print(f"note: {message}", file=sys.stderr)
 
-    sampling = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, note=note)
+    sampling: dict[str, Any] = dict(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, note=note
+    )
     for prompt, images in zip(prompts, image_lists):
         if vision:
             completion = complete_image(model, tokenizer, prompt, images, cfg.system, **sampling)

@@ -57,6 +57,7 @@ def _features(shape: str, split_last: bool):
     from datasets import Features, Image, List, Value
 
     messages = List({"role": Value("string"), "content": List({"type": Value("string"), "text": Value("string")})})
+    names: tuple[str, ...]
     if shape == "preference":
         names = ("prompt", "chosen", "rejected")
     else:
@@ -253,11 +254,14 @@ def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
         )
     markers = has_generation_markers(processor)
     split_last = shape == "sft" and not markers and not cfg.train_on_prompt
-    common = dict(split_last=split_last, num_proc=cfg.dataset_num_proc)
     with reading.progress_bars(cfg.dataset, cfg.eval_dataset):
-        train = convert(cfg.dataset, shape, max_samples=cfg.max_samples, **common)
+        train = convert(
+            cfg.dataset, shape, max_samples=cfg.max_samples, split_last=split_last, num_proc=cfg.dataset_num_proc
+        )
         if cfg.eval_dataset:
-            eval_ds = convert(cfg.eval_dataset, shape, max_samples=None, **common)
+            eval_ds = convert(
+                cfg.eval_dataset, shape, max_samples=None, split_last=split_last, num_proc=cfg.dataset_num_proc
+            )
         else:
             train, eval_ds = _random_split(train, cfg.eval_split, cfg.seed, cfg.dataset)
     prepared = PreparedData(
