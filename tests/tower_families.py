@@ -119,8 +119,10 @@ def build(family):
     return FAMILIES[family][0]()
 
 
-def expected_lr(family, name, *, gamma=GAMMA, gamma_v=GAMMA_V, proj=PROJ):
-    """The closed form for a parameter, from its name's place in the family's module tree."""
+def expected_lr(family, name, *, gamma=GAMMA, gamma_v=GAMMA_V, proj=PROJ, n=N, m=M, base=BASE):
+    """The closed form for a parameter, from its name's place in the family's module tree (n decoder blocks, m
+    vision blocks)."""
+    N, M, BASE = n, m, base  # noqa: N806 (the formulas above, as written)
     _, vblock, vision, projector, block, decoder = FAMILIES[family]
     if name.startswith(projector):
         return BASE * proj

@@ -115,3 +115,38 @@ def test_generate_answers_a_prompts_file_with_images(vlm_dir, tmp_path):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = runner.invoke(app, cli_args("generate", vlm_dir, prompts=prompts, output=tmp_path / "again.jsonl"))
     assert r.exit_code == 2 and "line 1: image file pics/absent.png not found" in r.output
+
+
+@pytest.mark.parametrize("family, paths", [("llava", "llava_clip"), ("idefics3", "idefics3")])
+def test_sft_trains_each_tower_at_its_closed_form_lr(family, paths, tmp_path):
+    """The per-tower schedule through the command line: every parameter is in exactly one group of
+    param_groups.json with the LR of its tower, depth and factor, and Adam's first step moves each tensor by that
+    LR (max |ΔW| = lr when its gradient is not ~0)."""
+    from tower_families import expected_lr
+    from transformers import AutoModelForImageTextToText
+
+    model_dir, data, out = save_vlm(family, tmp_path / "m"), write_sft_data(tmp_path / "data", n=4), tmp_path / "o"
+    schedule = dict(gamma=0.5, gamma_v=0.7, proj=2.0, n=2, m=2, base=1e-3)
+    args = run_args("sft", model_dir, data, out, steps=1, batch=2, max_length=128, lr="1e-3")
+    args += ["--llrd", "0.5", "--vision-llrd", "0.7", "--projector-lr-scale", "2", "--weight-decay", "0"]
+    # Adam's epsilon ~0: the first step is lr × sign(gradient) even where a tiny tower's gradient is ~1e-8
+    r = runner.invoke(app, [*args, "--warmup-ratio", "0", "--trainer-arg", "adam_epsilon=1e-20"])
+    assert r.exit_code == 0, r.output
+    names = [n for n, _ in AutoModelForImageTextToText.from_pretrained(model_dir).named_parameters()]
+    planned = {}
+    for g in json.loads((out / "param_groups.json").read_text()):
+        for name in g["params"]:
+            assert name not in planned, name
+            planned[name] = g["lr"]
+    assert sorted(planned) == sorted(names)
+    for name, lr in planned.items():
+        assert lr == pytest.approx(expected_lr(paths, name, **schedule), rel=1e-9), name
+    before = dict(AutoModelForImageTextToText.from_pretrained(model_dir).named_parameters())
+    after = dict(AutoModelForImageTextToText.from_pretrained(out).named_parameters())
+    moved = 0
+    for name, lr in planned.items():
+        change = (after[name] - before[name]).abs().max().item()
+        if change > 0.1 * lr:  # a tensor with a gradient (a CLIP post-norm after the used layer gets none)
+            assert change == pytest.approx(lr, rel=2e-3), name
+            moved += 1
+    assert moved >= 0.8 * len(planned)
