@@ -10,13 +10,14 @@ batch 4 x 192 tokens from the healed base, the same arguments), run first by `st
 data files and flat runs this script reuses (a flat cell of regime.py is not trained again). Each method is one
 extra group of CLI arguments on that run:
 
-  flat         the flat LR grid (regime.py's runs): the baseline a careful user tunes
-  llrd0.9      --llrd 0.9 (block 0 at 0.9^29 = 0.047 of the top's LR) at 1e-4 and 2e-4
-  llrd0.97     --llrd 0.97 (block 0 at 0.41) at 1e-4 and 2e-4
+  flat         the flat LR grid (1e-5, 3e-5, 1e-4, 3e-4; regime.py's runs): the baseline a careful user tunes
+  llrd0.9      --llrd 0.9 (block 0 at 0.9^29 = 0.047 of the top's LR)
+  llrd0.97     --llrd 0.97 (block 0 at 0.41)
   replay5      --replay-dataset (documentation prose the base saw, disjoint from every held-out text) at 5%
   replay25     the same at 25%
   kl           --kl-to-base 0.5 (the LM loss plus 0.5 x the per-token KL to the starting model)
   selfreplay   --self-replay 128 at --replay-ratio 0.25 (samples of the starting model, no replay data needed)
+  (each method at flat's best LR, 3e-5, and the anchoring ones at 1e-4 too: ORDER lists the cells)
   merges       no training: `posttrainllm merge` of a trained cell toward the healed base, uniform (WiSE-FT,
                alpha 0.5 and 0.75) and depth-scaled (--llrd 0.9 with alpha 1: layer decay after training)
 
@@ -46,7 +47,6 @@ from regime import OUT as REGIME_OUT  # noqa: E402
 
 OUT = ROOT / "studies" / "out" / "methods"
 STEPS = 240
-BASE_LR = "1e-4"
 REPLAY_CHARS = 600_000
 HELD_OUT = ("prose", "shakespeare")
 # the headline forgetting: the texts unlike the training data (the documentation prose is about the very modules
@@ -56,17 +56,24 @@ MERGE_ALPHAS = "0.5,0.75"
 MERGE_DEPTH_GAMMA = "0.9"
 
 # method name -> [(LR, extra CLI arguments)]
-METHODS: dict[str, list[tuple[str, list[str]]]] = {
-    "flat": [("1e-4", []), ("3e-4", []), ("3e-5", [])],
-    "kl": [(BASE_LR, ["--kl-to-base", "0.5"])],
-    "llrd0.9": [(BASE_LR, ["--llrd", "0.9"]), ("2e-4", ["--llrd", "0.9"])],
-    "replay25": [(BASE_LR, ["--replay-ratio", "0.25", "--replay-dataset", "{replay}"])],
-    "selfreplay": [(BASE_LR, ["--self-replay", "128", "--replay-ratio", "0.25"])],
-    "llrd0.97": [(BASE_LR, ["--llrd", "0.97"]), ("2e-4", ["--llrd", "0.97"])],
-    "replay5": [(BASE_LR, ["--replay-ratio", "0.05", "--replay-dataset", "{replay}"])],
+METHODS: dict[str, list[str]] = {
+    "flat": [],
+    "kl": ["--kl-to-base", "0.5"],
+    "llrd0.9": ["--llrd", "0.9"],
+    "llrd0.97": ["--llrd", "0.97"],
+    "replay25": ["--replay-ratio", "0.25", "--replay-dataset", "{replay}"],
+    "replay5": ["--replay-ratio", "0.05", "--replay-dataset", "{replay}"],
+    "selfreplay": ["--self-replay", "128", "--replay-ratio", "0.25"],
 }
+# the cells, most informative first: the flat grid (3e-5 was flat's best in-domain LR at 240 steps, so 1e-5 brackets
+# it), each method at flat's best LR, then at 1e-4 where the anchoring methods have room to reach flat's in-domain loss
+ORDER = [
+    ("flat", "1e-4"), ("flat", "3e-4"), ("flat", "3e-5"), ("flat", "1e-5"),
+    ("kl", "3e-5"), ("llrd0.9", "1e-4"), ("replay25", "3e-5"), ("llrd0.97", "1e-4"), ("kl", "1e-4"),
+    ("selfreplay", "3e-5"), ("llrd0.9", "3e-5"), ("replay5", "3e-5"), ("llrd0.97", "3e-5"), ("replay25", "1e-4"),
+]  # fmt: skip
 # which trained cells are merged back toward the base (method, LR)
-MERGED = [("flat", "1e-4"), ("flat", "3e-4"), ("llrd0.9", "2e-4")]
+MERGED = [("flat", "1e-4"), ("flat", "3e-4"), ("flat", "3e-5"), ("llrd0.9", "1e-4")]
 
 
 def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
@@ -94,13 +101,11 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
 
 def cells(seeds: list[int], only: list[str] | None, lrs: list[str] | None = None) -> list[dict]:
     """The cells of `seeds` (all methods, or `only` those), each at its LRs (or only at those in `lrs`)."""
-    names = [m for m in METHODS if only is None or m in only]
     return [
-        dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=extra)
+        dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=METHODS[m])
         for seed in seeds
-        for m in names
-        for lr, extra in METHODS[m]
-        if lrs is None or lr in lrs
+        for m, lr in ORDER
+        if (only is None or m in only) and (lrs is None or lr in lrs)
     ]
 
 
