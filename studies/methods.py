@@ -341,10 +341,7 @@ def main() -> None:
         files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
         (out / "meta.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv}, indent=2))
         evaluate("healed", healed, healed, files, out)
-        # a flat cell regime.py has not trained yet goes last (regime.py may be training it now); trained here if
-        # it is still missing then
-        waiting = [c for c in todo if c["method"] == "flat" and not _regime_run(c).is_file()]
-        for cell in [c for c in todo if c not in waiting] + waiting:
+        for cell in todo:  # a flat cell regime.py has not trained is trained here, with the same arguments
             t0 = time.time()
             try:
                 run_dir = train(cell, files, healed, out)
