@@ -13,6 +13,9 @@ flat LR grid, every step the real CLI (one process per run):
            instruction-following loss on the last 99 Alpaca examples (`eval --sft-dataset`).
   alpaca   `posttrainllm sft` on the first 900 Alpaca examples for one epoch and more (--steps-alpaca). In-domain:
            the last 99 Alpaca examples. Forgetting: code, prose, Shakespeare.
+  shakespeare  (--settings shakespeare) `posttrainllm finetune` on the first 90% of Tiny Shakespeare: the farthest
+           shift (verse, archaic English, no chat format). In-domain: a slice of the last 10% (after the held-out
+           Shakespeare text, which is in-domain here too). Forgetting: code, prose, instruction following.
 
 Both start from the *healed* base (see real_study.py: a short low-LR pass on documentation text that no held-out
 set contains, so that Q4 repair is not counted as retention). Every eval set is a fixed file, the same for every
@@ -39,7 +42,7 @@ from common import cli, machine, smollm2_paths, splits  # noqa: E402
 OUT = ROOT / "studies" / "out" / "regime"
 HEAL_CHARS = 600_000
 COMMON = ["--batch-size", "4", "--max-length", "192", "--save-steps", "100000", "--logging-steps", "10"]
-SETTINGS = ("code", "alpaca")
+SETTINGS = ("code", "alpaca", "shakespeare")
 
 
 def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
@@ -53,6 +56,10 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
         "shakespeare": sp["shakespeare_held"][offset : offset + heldout_chars],
         # the in-domain eval of the code setting: a longer slice of the held-out modules
         "code_eval": sp["code_held"][offset : offset + 4 * heldout_chars],
+        # the shakespeare setting: the first 90% of Tiny Shakespeare to train on, a slice of the last 10% after the
+        # held-out one as its in-domain eval
+        "shakespeare_train": sp["shakespeare_train"],
+        "shakespeare_eval": sp["shakespeare_held"][offset + heldout_chars : offset + 5 * heldout_chars],
     }
     files = {}
     for key, text in texts.items():
@@ -65,14 +72,14 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
     return files
 
 
-def grid(seeds: list[int], lrs: list[str]) -> list[dict]:
+def grid(seeds: list[int], lrs: list[str], settings: tuple[str, ...] = ("code", "alpaca")) -> list[dict]:
     """The LR nearest 1e-4 first in both settings, then the higher ones (where forgetting shows), then the lower."""
     order = sorted(lrs, key=lambda lr: (abs(float(lr) - 1e-4) > 1e-12, float(lr) < 1e-4, abs(float(lr) - 1e-4)))
     return [
         dict(name=f"{setting}-flat-lr{lr}-s{seed}", setting=setting, lr=lr, seed=seed)
         for seed in seeds
         for lr in order
-        for setting in SETTINGS
+        for setting in settings
     ]
 
 
@@ -93,8 +100,9 @@ def train(cell: dict, files: dict, healed: Path, out: Path, steps: dict) -> Path
     run_dir = out / "runs" / cell["name"]
     if (run_dir / "training_complete.json").is_file():
         return run_dir
-    if cell["setting"] == "code":
-        data = ["finetune", "--dataset", str(files["code_train"]), "--eval-dataset", str(files["code_eval"])]
+    if cell["setting"] in ("code", "shakespeare"):
+        name = cell["setting"]
+        data = ["finetune", "--dataset", str(files[f"{name}_train"]), "--eval-dataset", str(files[f"{name}_eval"])]
     else:
         data = ["sft", "--dataset", str(files["alpaca_train"]), "--eval-dataset", str(files["alpaca_val"])]
     print(f"train {cell['name']}", flush=True)
@@ -185,7 +193,8 @@ def main() -> None:
     ap.add_argument("--phase", choices=["all", "report"], default="all")
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--lrs", default="3e-5,1e-4,3e-4")
-    ap.add_argument("--steps-code", type=int, default=240)
+    ap.add_argument("--settings", default="code,alpaca", help=f"comma-separated, of {', '.join(SETTINGS)}")
+    ap.add_argument("--steps-code", type=int, default=240, help="steps of the code and shakespeare settings")
     ap.add_argument("--steps-alpaca", type=int, default=240, help="240 x batch 4 = 960 examples: just over 1 epoch")
     ap.add_argument("--heal-steps", type=int, default=40)
     ap.add_argument("--heldout-chars", type=int, default=8_000)
@@ -193,7 +202,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     out: Path = args.out
-    cells = grid([int(s) for s in args.seeds.split(",")], args.lrs.split(","))
+    settings = tuple(args.settings.split(","))
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        ap.error(f"unknown setting(s) {sorted(unknown)}; choose from {', '.join(SETTINGS)}")
+    cells = grid([int(s) for s in args.seeds.split(",")], args.lrs.split(","), settings)
     if args.phase == "all":
         files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
         gguf, gguf_dir = smollm2_paths()
@@ -201,7 +214,7 @@ def main() -> None:
         healed = heal(files, gguf, out, args.heal_steps)
         evaluate("base", gguf_dir, healed, files, out)
         evaluate("healed", healed, healed, files, out)
-        steps = {"code": args.steps_code, "alpaca": args.steps_alpaca}
+        steps = {"code": args.steps_code, "alpaca": args.steps_alpaca, "shakespeare": args.steps_code}
         for cell in cells:
             t0 = time.time()
             run_dir = train(cell, files, healed, out, steps)
