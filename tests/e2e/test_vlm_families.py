@@ -1,0 +1,89 @@
+"""The per-tower schedule end to end on more VLM families (tests/vlm_models.py: Gemma 3, PaliGemma, LLaVA with a
+SigLIP tower, LLaVA-NeXT), through `posttrainllm sft` at schedule values of their own (γ=0.8, γ_v=0.6, projector
+×0.5): every parameter is in exactly one group of param_groups.json at the closed-form LR of its tower, depth and
+factor (tests/tower_families.py), Adam's first step moves each tensor by that LR, the output loads with its
+processor, and `generate --image` answers. --freeze-vision leaves the tower out and unmoved."""
+
+import json
+
+import pytest
+from harness import cli_args, run_args
+from typer.testing import CliRunner
+from vlm_models import save_vlm, write_images, write_sft_data
+
+from posttrainllm.cli import app
+
+pytestmark = pytest.mark.smoke
+runner = CliRunner()
+# vlm_models family -> its module paths in tower_families.FAMILIES
+PATHS = {"gemma3": "gemma3", "paligemma": "paligemma", "llava_siglip": "llava_siglip", "llava_next": "llava_next"}
+SCHEDULE = dict(gamma=0.8, gamma_v=0.6, proj=0.5, n=2, m=2, base=1e-3)
+FLAGS = ["--llrd", "0.8", "--vision-llrd", "0.6", "--projector-lr-scale", "0.5"]
+
+
+def _sft_one_step(model_dir, tmp_path, *extra):
+    """One sft step at lr 1e-3 with Adam's epsilon ~0 (the first step is lr × sign(gradient) even where a tiny
+    tower's gradient is ~1e-8), no warmup and no weight decay: the output directory."""
+    data, out = write_sft_data(tmp_path / "data", n=4), tmp_path / "out"
+    args = run_args("sft", model_dir, data, out, *extra, steps=1, batch=2, max_length=128, lr="1e-3")
+    args += ["--weight-decay", "0", "--warmup-ratio", "0", "--trainer-arg", "adam_epsilon=1e-20"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "training_complete.json").read_text())["global_step"] == 1
+    return out
+
+
+def _planned(out) -> dict[str, float]:
+    """param_groups.json as parameter -> LR, each parameter in exactly one group."""
+    planned: dict[str, float] = {}
+    for g in json.loads((out / "param_groups.json").read_text()):
+        for name in g["params"]:
+            assert name not in planned, name
+            planned[name] = g["lr"]
+    return planned
+
+
+def _changes(model_dir, out) -> dict[str, float]:
+    """max |ΔW| of every parameter between the model and the trained output (both loaded as saved)."""
+    from transformers import AutoModelForImageTextToText
+
+    before = dict(AutoModelForImageTextToText.from_pretrained(model_dir).named_parameters())
+    after = dict(AutoModelForImageTextToText.from_pretrained(out).named_parameters())
+    assert sorted(before) == sorted(after)
+    return {n: (after[n] - before[n]).abs().max().item() for n in before}
+
+
+@pytest.mark.parametrize("family", list(PATHS))
+def test_sft_trains_each_tower_at_its_closed_form_lr_and_answers(family, tmp_path):
+    from tower_families import expected_lr
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model_dir = save_vlm(family, tmp_path / "m")
+    out = _sft_one_step(model_dir, tmp_path, *FLAGS)
+    planned, changes = _planned(out), _changes(model_dir, out)
+    assert sorted(planned) == sorted(changes)
+    for name, lr in planned.items():
+        assert lr == pytest.approx(expected_lr(PATHS[family], name, **SCHEDULE), rel=1e-9), name
+    moved = [n for n, lr in planned.items() if changes[n] > 0.1 * lr]  # a tensor with a gradient
+    for name in moved:
+        assert changes[name] == pytest.approx(planned[name], rel=2e-3), name
+    assert len(moved) >= 0.8 * len(planned)
+    for prefix in {p for p in _tower_prefixes(PATHS[family])}:
+        assert any(n.startswith(prefix) for n in moved), f"nothing under {prefix} moved"
+    processor = AutoProcessor.from_pretrained(out)
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    assert type(model).__name__ == type(AutoModelForImageTextToText.from_pretrained(model_dir)).__name__
+    assert type(processor).__name__ == type(AutoProcessor.from_pretrained(model_dir)).__name__
+    image = tmp_path / "data" / write_images(tmp_path / "data")["green"]
+    r = runner.invoke(app, cli_args("generate", out, image=image, prompt="What color is the square?",
+                                    max_new_tokens=4))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert r.output[:-1], "no answer printed"  # a tiny random model's answer may be whitespace (PaliGemma's is)
+
+
+def _tower_prefixes(paths: str) -> tuple[str, ...]:
+    """Each tower's top-level module paths: both vision blocks, the projector(s), both decoder blocks."""
+    from tower_families import FAMILIES
+
+    _, vblock, _, projector, block, _ = FAMILIES[paths]
+    return (f"{vblock}0.", f"{vblock}1.", *projector, f"{block}0.", f"{block}1.")
