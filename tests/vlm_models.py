@@ -37,8 +37,13 @@ _TEMPLATE = (
 CHAT_SPECIALS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
 
 
-def chat_template(image_placeholder: str) -> str:
-    return _TEMPLATE.replace("IMAGE", repr(image_placeholder))
+def chat_template(image_placeholder: str, markers: bool = True) -> str:
+    """The ChatML template with the family's image placeholder; `markers=False`: without `{% generation %}` markers
+    (as many VLMs' own templates are)."""
+    template = _TEMPLATE.replace("IMAGE", repr(image_placeholder))
+    if not markers:
+        template = template.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", "")
+    return template
 
 
 def _tokenizer(image_tokens: list[str]):
@@ -261,12 +266,17 @@ BUILDERS = {
 TRAINED = ("llava", "idefics3", "gemma3", "llava_siglip", "llava_next")
 
 
-def save_vlm(family: str, directory: Path, seed: int = 0) -> Path:
-    """A tiny VLM of `family` with its processor, saved in `directory` (what `--model` takes)."""
+def save_vlm(family: str, directory: Path, seed: int = 0, markers: bool = True) -> Path:
+    """A tiny VLM of `family` with its processor, saved in `directory` (what `--model` takes); `markers=False`: its
+    chat template has no `{% generation %}` markers."""
     import torch
 
     torch.manual_seed(seed)
     model, processor = BUILDERS[family]()
+    if not markers:
+        processor.chat_template = processor.chat_template.replace("{%- generation -%}", "").replace(
+            "{%- endgeneration -%}", ""
+        )
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     return directory

@@ -87,3 +87,45 @@ def _tower_prefixes(paths: str) -> tuple[str, ...]:
 
     _, vblock, _, projector, block, _ = FAMILIES[paths]
     return (f"{vblock}0.", f"{vblock}1.", *projector, f"{block}0.", f"{block}1.")
+
+
+def test_freeze_vision_leaves_the_tower_out_and_unmoved_and_the_rest_at_its_lr(tmp_path):
+    """--freeze-vision on LLaVA-NeXT: no vision parameter is in param_groups.json or moves; the projector (with its
+    image_newline) and the decoder train at their closed-form LRs."""
+    from tower_families import FAMILIES, expected_lr
+
+    model_dir = save_vlm("llava_next", tmp_path / "m")
+    out = _sft_one_step(model_dir, tmp_path, "--llrd", "0.8", "--projector-lr-scale", "0.5", "--freeze-vision")
+    planned, changes = _planned(out), _changes(model_dir, out)
+    _, _, vision, projector, _, _ = FAMILIES["llava_next"]
+    tower = {n for n in changes if n.startswith(vision) and not n.startswith(projector)}
+    assert tower and not tower & set(planned)
+    assert set(planned) | tower == set(changes)
+    assert all(changes[n] == 0 for n in tower)
+    for name, lr in planned.items():
+        assert lr == pytest.approx(expected_lr("llava_next", name, **{**SCHEDULE, "gamma_v": 1.0}), rel=1e-9), name
+        assert changes[name] == pytest.approx(lr, rel=2e-3), name
+
+
+def test_a_template_without_generation_markers_trains_on_the_last_reply(tmp_path, captured_trainer):
+    """A chat template without `{% generation %}` markers (LLaVA-SigLIP): each conversation is split into
+    prompt/completion and only the completion (the assistant's reply and its end of turn) carries loss; image
+    tokens and the user's turn carry none."""
+    model_dir = save_vlm("llava_siglip", tmp_path / "m", markers=False)
+    data, out = write_sft_data(tmp_path / "data", n=4), tmp_path / "out"
+    r = runner.invoke(app, run_args("sft", model_dir, data, out, steps=1, batch=2, max_length=128))
+    assert r.exit_code == 0, r.output
+    assert "the last (assistant) message of each conversation" in " ".join(r.output.split())
+    trainer = captured_trainer[0]
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    assert all(set(row) >= {"prompt", "completion"} for row in rows)
+    batch = trainer.data_collator(rows)
+    tok = trainer.processing_class.tokenizer
+    image_id = tok.convert_tokens_to_ids("<image>")
+    for k, row in enumerate(rows):
+        ids, labels = batch["input_ids"][k].tolist(), batch["labels"][k].tolist()
+        kept = [i for i, label in enumerate(labels) if label != -100]
+        assert all(labels[i] == ids[i] for i in kept)
+        reply = row["completion"][-1]["content"][0]["text"] + "<|im_end|>"
+        assert tok.decode([ids[i] for i in kept]).strip() == reply
+        assert image_id in ids and all(labels[i] == -100 for i, t in enumerate(ids) if t == image_id)
