@@ -235,10 +235,13 @@ def build_llava_next(image_size: int = 28, patch: int = 14):
     return LlavaNextForConditionalGeneration(config), processor
 
 
-def build_qwen2_vl(image_size: int = 28, patch: int = 14):
-    """(model, processor) of a tiny Qwen2-VL: a 2-block ViT on 2x2-merged patches (one image token per 28x28
-    image), a merger, a Qwen2 decoder with M-RoPE; the processor has no video processor."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+def save_qwen2_vl(directory: Path, image_size: int = 28, patch: int = 14) -> Path:
+    """A tiny Qwen2-VL (a 2-block ViT on 2x2-merged patches, a merger, a Qwen2 decoder with M-RoPE) saved in
+    `directory` with the files of its processor (tokenizer, image processor, processor class, chat template) written
+    one by one: transformers builds a Qwen2VLProcessor only with its video processor, which needs torchvision."""
+    import json
+
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     named = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}
@@ -250,11 +253,15 @@ def build_qwen2_vl(image_size: int = 28, patch: int = 14):
         text_config=text, vision_config=vision, image_token_id=tok.image_token_id, video_token_id=tok.video_token_id,
         vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
     )  # fmt: skip
+    Qwen2VLForConditionalGeneration(config).save_pretrained(directory)
+    tok.save_pretrained(directory)
     pixels = image_size * image_size
-    images = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, min_pixels=pixels, max_pixels=pixels)
-    template = chat_template("<|vision_start|><|image_pad|><|vision_end|>")
-    processor = Qwen2VLProcessor(image_processor=images, tokenizer=tok, chat_template=template)
-    return Qwen2VLForConditionalGeneration(config), processor
+    Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, min_pixels=pixels, max_pixels=pixels).save_pretrained(
+        directory
+    )
+    (directory / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}))
+    (directory / "chat_template.jinja").write_text(chat_template("<|vision_start|><|image_pad|><|vision_end|>"))
+    return directory
 
 
 BUILDERS = {

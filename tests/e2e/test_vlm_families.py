@@ -129,3 +129,30 @@ def test_a_template_without_generation_markers_trains_on_the_last_reply(tmp_path
         reply = row["completion"][-1]["content"][0]["text"] + "<|im_end|>"
         assert tok.decode([ids[i] for i in kept]).strip() == reply
         assert image_id in ids and all(labels[i] == -100 for i, t in enumerate(ids) if t == image_id)
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.skipif(_installed("torchvision"), reason="torchvision is installed: Qwen2-VL's processor loads")
+def test_a_processor_missing_its_optional_package_exits_1_naming_it(tmp_path):
+    """Qwen2-VL's processor needs its video processor, which needs torchvision: sft and generate exit 1 with one line
+    naming the part, the package and how to install it, before training."""
+    from vlm_models import save_qwen2_vl
+
+    model_dir = save_qwen2_vl(tmp_path / "qwen2_vl")
+    data = write_sft_data(tmp_path / "data", n=2)
+    image = tmp_path / "data" / write_images(tmp_path / "data")["red"]
+    for args in (
+        run_args("sft", model_dir, data, tmp_path / "out", steps=1),
+        cli_args("generate", model_dir, image=image, prompt="What color?"),
+    ):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1, r.output
+        line = r.output.strip().splitlines()[-1]
+        assert line.startswith("error: ") and "Traceback" not in r.output
+        assert "Qwen2VLVideoProcessor needs torchvision" in line and "pip install torchvision" in line
+    assert not (tmp_path / "out" / "training_complete.json").exists()
