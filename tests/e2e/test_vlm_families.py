@@ -156,3 +156,25 @@ def test_a_processor_missing_its_optional_package_exits_1_naming_it(tmp_path):
         assert line.startswith("error: ") and "Traceback" not in r.output
         assert "Qwen2VLVideoProcessor needs torchvision" in line and "pip install torchvision" in line
     assert not (tmp_path / "out" / "training_complete.json").exists()
+
+
+def test_a_processor_that_rewrites_the_text_or_needs_images_is_refused_before_the_model_loads(tmp_path):
+    """PaliGemma's processor puts a BOS after the image tokens (the template's assistant mask would fall on other
+    tokens) and takes no text without images (TRL's collators process completions alone): sft with the markers,
+    sft without them and dpo exit 2 with one line naming the fix; --train-on-prompt trains."""
+    from vlm_models import write_preference_data
+
+    marked, unmarked = save_vlm("paligemma", tmp_path / "m"), save_vlm("paligemma", tmp_path / "u", markers=False)
+    data, pairs = write_sft_data(tmp_path / "data", n=4), write_preference_data(tmp_path / "data", n=4)
+    for args, what, fix in (
+        (run_args("sft", marked, data, tmp_path / "o1"), "the assistant mask of its chat", "--train-on-prompt"),
+        (run_args("sft", unmarked, data, tmp_path / "o2"), "takes no text without images", "--train-on-prompt"),
+        (run_args("dpo", marked, pairs, tmp_path / "o3"), "takes no text without images", "dpo cannot train this"),
+    ):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, r.output
+        assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output  # one line, no banner
+        assert what in r.output and fix in r.output, r.output
+    r = runner.invoke(app, run_args("sft", marked, data, tmp_path / "o4", "--train-on-prompt", steps=1))
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "o4" / "training_complete.json").read_text())["global_step"] == 1
