@@ -264,6 +264,40 @@ def save_qwen2_vl(directory: Path, image_size: int = 28, patch: int = 14) -> Pat
     return directory
 
 
+def save_smolvlm(directory: Path, image_size: int = 28, patch: int = 14) -> Path:
+    """A tiny SmolVLM (Idefics3's tower and connector, a llama decoder) saved in `directory` with its processor's
+    files written one by one: transformers builds a SmolVLMProcessor only with its video processor (torchvision)
+    and num2words."""
+    import json
+
+    from transformers import LlamaConfig, SmolVLMConfig, SmolVLMForConditionalGeneration
+    from transformers.models.idefics3 import Idefics3VisionConfig
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    rows = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    tok = _tokenizer(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *rows])
+    vision = Idefics3VisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=image_size,
+        patch_size=patch,
+    )  # fmt: skip
+    config = SmolVLMConfig(
+        vision_config=vision, text_config=LlamaConfig(**_decoder(tok)), scale_factor=2,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )  # fmt: skip
+    SmolVLMForConditionalGeneration(config).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    edge = {"longest_edge": image_size}
+    SmolVLMImageProcessorPil(size=edge, max_image_size=edge, do_image_splitting=False).save_pretrained(directory)
+    processor = {"processor_class": "SmolVLMProcessor", "image_seq_len": (image_size // patch) ** 2 // 4}
+    (directory / "processor_config.json").write_text(json.dumps(processor))
+    (directory / "chat_template.jinja").write_text(chat_template("<image>"))
+    return directory
+
+
+# the families whose processor transformers builds only with torchvision (their video processor)
+SAVED_WITHOUT_PROCESSOR = {"qwen2_vl": save_qwen2_vl, "smolvlm": save_smolvlm}
+
+
 BUILDERS = {
     "llava": build_llava, "idefics3": build_idefics3, "gemma3": build_gemma3, "paligemma": build_paligemma,
     "llava_siglip": build_llava_siglip, "llava_next": build_llava_next,

@@ -140,13 +140,14 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-@pytest.mark.skipif(_installed("torchvision"), reason="torchvision is installed: Qwen2-VL's processor loads")
-def test_a_processor_missing_its_optional_package_exits_1_naming_it(tmp_path):
-    """Qwen2-VL's processor needs its video processor, which needs torchvision: sft and generate exit 1 with one line
-    naming the part, the package and how to install it, before training."""
-    from vlm_models import save_qwen2_vl
+@pytest.mark.skipif(_installed("torchvision"), reason="torchvision is installed: these processors load")
+@pytest.mark.parametrize("family, part", [("qwen2_vl", "Qwen2VLVideoProcessor"), ("smolvlm", "SmolVLMVideoProcessor")])
+def test_a_processor_missing_its_optional_package_exits_1_naming_it(family, part, tmp_path):
+    """Qwen2-VL's and SmolVLM's processors need their video processor, which needs torchvision, even for images: sft
+    and generate exit 1 with one line naming the part, the package and how to install it, before training."""
+    from vlm_models import SAVED_WITHOUT_PROCESSOR
 
-    model_dir = save_qwen2_vl(tmp_path / "qwen2_vl")
+    model_dir = SAVED_WITHOUT_PROCESSOR[family](tmp_path / family)
     data = write_sft_data(tmp_path / "data", n=2)
     image = tmp_path / "data" / write_images(tmp_path / "data")["red"]
     for args in (
@@ -157,7 +158,7 @@ def test_a_processor_missing_its_optional_package_exits_1_naming_it(tmp_path):
         assert r.exit_code == 1, r.output
         line = r.output.strip().splitlines()[-1]
         assert line.startswith("error: ") and "Traceback" not in r.output
-        assert "Qwen2VLVideoProcessor needs torchvision" in line and "pip install torchvision" in line
+        assert f"{part} needs torchvision" in line and "pip install torchvision" in line
     assert not (tmp_path / "out" / "training_complete.json").exists()
 
 
