@@ -16,12 +16,24 @@ REPLY = "a probe reply"
 
 
 def _image(processor):
-    """A small white image of the processor's input size (or 28x28)."""
+    """A white image of the processor's input size, between 28x28 and 448x448 (the processor resizes it)."""
     from PIL import Image
 
-    size = getattr(getattr(processor, "image_processor", None), "size", None) or {}
-    side = size.get("height") or size.get("shortest_edge") or size.get("longest_edge") or 28
-    return Image.new("RGB", (int(side), int(side)), "white")
+    size = getattr(getattr(processor, "image_processor", None), "size", None)
+    size = size if isinstance(size, dict) else {}
+    side = next((v for k in ("height", "shortest_edge", "longest_edge") if isinstance(v := size.get(k), int)), 28)
+    side = min(max(side, 28), 448)
+    return Image.new("RGB", (side, side), "white")
+
+
+def _template_kwargs() -> dict:
+    """No special tokens added to the rendered template, as TRL's collator asks (transformers 5.4 moved the
+    processor's keywords into `processor_kwargs`)."""
+    import transformers
+    from packaging.version import Version
+
+    kwargs = {"add_special_tokens": False}
+    return {"processor_kwargs": kwargs} if Version(transformers.__version__) >= Version("5.4.0") else kwargs
 
 
 def assistant_mask_problem(processor) -> str | None:
@@ -33,9 +45,8 @@ def assistant_mask_problem(processor) -> str | None:
     ]]  # fmt: skip
     try:
         out = processor.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
-            processor_kwargs={"add_special_tokens": False},
-        )  # fmt: skip
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **_template_kwargs()
+        )
     except (ValueError, TypeError, KeyError, IndexError) as e:
         return f"its chat template with the assistant mask cannot be applied to a one-image conversation ({e})"
     ids, mask = out["input_ids"][0], out["assistant_masks"][0]
