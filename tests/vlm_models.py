@@ -235,6 +235,26 @@ def build_llava_next(image_size: int = 28, patch: int = 14):
     return LlavaNextForConditionalGeneration(config), processor
 
 
+def build_mllama(image_size: int = 28, patch: int = 14):
+    """(model, processor) of a tiny Mllama (Llama 3.2 Vision): a vision tower of 2 local and 1 global layers on one
+    tile, a projector, a decoder whose block 1 cross-attends to the image; its processor puts a BOS before the
+    text."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaProcessor
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    tok = _special_tokenizer({"image_token": "<|image|>"}, bos="<|begin_of_text|>")
+    vision = dict(
+        hidden_size=16, num_hidden_layers=2, num_global_layers=1, attention_heads=2, intermediate_size=32,
+        vision_output_dim=48, image_size=image_size, patch_size=patch, max_num_tiles=1,
+        supported_aspect_ratios=[[1, 1]], intermediate_layers_indices=[0, 1],
+    )  # fmt: skip
+    text = {**_decoder(tok), "cross_attention_layers": [1], "bos_token_id": tok.bos_token_id}
+    config = MllamaConfig(vision_config=vision, text_config=text, image_token_index=tok.image_token_id)
+    images = MllamaImageProcessorPil(size={"height": image_size, "width": image_size}, max_image_tiles=1)
+    processor = MllamaProcessor(image_processor=images, tokenizer=tok, chat_template=chat_template("<|image|>"))
+    return MllamaForConditionalGeneration(config), processor
+
+
 def save_qwen2_vl(directory: Path, image_size: int = 28, patch: int = 14) -> Path:
     """A tiny Qwen2-VL (a 2-block ViT on 2x2-merged patches, a merger, a Qwen2 decoder with M-RoPE) saved in
     `directory` with the files of its processor (tokenizer, image processor, processor class, chat template) written
@@ -300,7 +320,7 @@ SAVED_WITHOUT_PROCESSOR = {"qwen2_vl": save_qwen2_vl, "smolvlm": save_smolvlm}
 
 BUILDERS = {
     "llava": build_llava, "idefics3": build_idefics3, "gemma3": build_gemma3, "paligemma": build_paligemma,
-    "llava_siglip": build_llava_siglip, "llava_next": build_llava_next,
+    "llava_siglip": build_llava_siglip, "llava_next": build_llava_next, "mllama": build_mllama,
 }  # fmt: skip
 # the families sft (assistant-only loss), dpo and generate run end to end on; PaliGemma's processor inserts a BOS
 # into the text and takes no text without images, which TRL's collators need (docs/vlm.md): its plan is tested

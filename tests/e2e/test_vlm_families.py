@@ -2,7 +2,10 @@
 SigLIP tower, LLaVA-NeXT), through `posttrainllm sft` at schedule values of their own (γ=0.8, γ_v=0.6, projector
 ×0.5): every parameter is in exactly one group of param_groups.json at the closed-form LR of its tower, depth and
 factor (tests/tower_families.py), Adam's first step moves each tensor by that LR, the output loads with its
-processor, and `generate --image` answers. --freeze-vision leaves the tower out and unmoved."""
+processor, and `generate --image` answers. --freeze-vision leaves the tower out and unmoved; a template without
+generation markers trains on the last reply; processors that rewrite the text (PaliGemma, Mllama), take no text
+alone (PaliGemma) or miss an optional package (Qwen2-VL and SmolVLM without torchvision) are refused with one line
+that names the fix."""
 
 import json
 
@@ -75,7 +78,14 @@ def test_sft_trains_each_tower_at_its_closed_form_lr_and_answers(family, tmp_pat
         assert any(n.startswith(prefix) for n in moved), f"nothing under {prefix} moved"
     processor = AutoProcessor.from_pretrained(out)
     model = AutoModelForImageTextToText.from_pretrained(out)
-    assert type(model).__name__ == type(AutoModelForImageTextToText.from_pretrained(model_dir)).__name__
+    source = AutoModelForImageTextToText.from_pretrained(model_dir)
+    assert type(model).__name__ == type(source).__name__
+
+    def tied(m):
+        return m.get_output_embeddings().weight is m.get_input_embeddings().weight
+
+    assert tied(model) == tied(source)  # Gemma 3 and PaliGemma tie them: still one tensor
+    assert tied(source) == (family in ("gemma3", "paligemma"))
     assert type(processor).__name__ == type(AutoProcessor.from_pretrained(model_dir)).__name__
     image = tmp_path / "data" / write_images(tmp_path / "data")["green"]
     r = runner.invoke(app, cli_args("generate", out, image=image, prompt="What color is the square?",
@@ -182,3 +192,23 @@ def test_a_processor_that_rewrites_the_text_or_needs_images_is_refused_before_th
     r = runner.invoke(app, run_args("sft", marked, data, tmp_path / "o4", "--train-on-prompt", steps=1))
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "o4" / "training_complete.json").read_text())["global_step"] == 1
+
+
+def test_mllama_trains_on_every_token_and_answers_its_assistant_mask_refused(tmp_path):
+    """Mllama's processor puts a BOS before the text, so the template's assistant mask is refused (exit 2, before
+    the model loads); with --train-on-prompt it trains with the per-tower flags, every parameter in one group, and
+    the output loads with its processor and answers an image prompt."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model_dir = save_vlm("mllama", tmp_path / "m")
+    data = write_sft_data(tmp_path / "data", n=4)
+    r = runner.invoke(app, run_args("sft", model_dir, data, tmp_path / "refused"))
+    assert r.exit_code == 2 and "the assistant mask of its chat template" in r.output, r.output
+    out = _sft_one_step(model_dir, tmp_path, *FLAGS, "--train-on-prompt")
+    names = {n for n, _ in AutoModelForImageTextToText.from_pretrained(out).named_parameters()}
+    assert set(_planned(out)) == names
+    assert type(AutoProcessor.from_pretrained(out)).__name__ == "MllamaProcessor"
+    image = tmp_path / "data" / write_images(tmp_path / "data")["blue"]
+    r = runner.invoke(app, cli_args("generate", out, image=image, prompt="What color?", max_new_tokens=4))
+    assert r.exit_code == 0, r.output
+    assert r.output[:-1], "no answer printed"

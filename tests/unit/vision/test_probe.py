@@ -24,6 +24,13 @@ def test_paligemmas_processor_fails_both_probes_saying_why():
     assert alone is not None and alone.startswith("PaliGemmaProcessor takes no text without images")
 
 
+def test_mllamas_processor_shifts_the_assistant_mask_but_takes_text_alone():
+    _, processor = BUILDERS["mllama"]()
+    mask = assistant_mask_problem(processor)
+    assert mask is not None and "not on the reply" in mask
+    assert text_alone_problem(processor) is None
+
+
 def test_missing_backends_names_the_class_and_the_uninstalled_package():
     from transformers.utils.import_utils import BACKENDS_MAPPING, requires_backends
 
