@@ -189,6 +189,15 @@ def load_processor(ref: str, trust_remote_code: bool = False, *, need_eos: bool 
 
     try:
         processor = AutoProcessor.from_pretrained(ref, trust_remote_code=trust_remote_code)
+    except ImportError as e:
+        if (missing := missing_backends(e)) is not None:
+            name, packages = missing
+            raise ModelError(
+                f"cannot load the processor of {ref}: its {name} needs {' and '.join(packages)}, which is not "
+                f"installed; install it (pip install {' '.join(packages)}, the build that matches your torch) and "
+                "run again"
+            ) from e
+        raise ModelError(f"cannot load a processor from {ref}: {one_line(e)}") from e
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"cannot load a processor from {ref}: {one_line(e)}") from e
     tok = getattr(processor, "tokenizer", None)
@@ -203,6 +212,31 @@ def load_processor(ref: str, trust_remote_code: bool = False, *, need_eos: bool 
         else:
             tok.add_special_tokens({"pad_token": "<|pad|>"})
     return processor
+
+
+# transformers' backend names whose package is named otherwise
+_PACKAGES = {"vision": "Pillow", "cv2": "opencv-python", "sklearn": "scikit-learn", "torchaudio": "torchaudio"}
+
+
+def missing_backends(error: ImportError) -> tuple[str, list[str]] | None:
+    """The class and the packages an ImportError of transformers' `requires_backends` is about (a processor part
+    whose optional dependency is not installed, e.g. Qwen2-VL's video processor without torchvision), read from the
+    traceback's `requires_backends` frame (its `obj` and `backends`), not from the message; None for another one."""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "requires_backends" and "backends" in frame.f_locals:
+            backends = frame.f_locals["backends"]
+            from transformers.utils.import_utils import BACKENDS_MAPPING
+
+            names = [b for b in (backends if isinstance(backends, (list, tuple)) else [backends]) if isinstance(b, str)]
+            names = [b for b in names if b in BACKENDS_MAPPING and not BACKENDS_MAPPING[b][0]()] or names
+            obj = frame.f_locals.get("obj")
+            name = getattr(obj, "__name__", None) or type(obj).__name__
+            if names:
+                return name, [_PACKAGES.get(b, b) for b in names]
+        tb = tb.tb_next
+    return None
 
 
 def text_tokenizer(tokenizer_or_processor):

@@ -254,6 +254,7 @@ def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
         )
     markers = has_generation_markers(processor)
     split_last = shape == "sft" and not markers and not cfg.train_on_prompt
+    _check_processor(cfg, processor, shape, markers, split_last)
     with reading.progress_bars(cfg.dataset, cfg.eval_dataset):
         train = convert(
             cfg.dataset, shape, max_samples=cfg.max_samples, split_last=split_last, num_proc=cfg.dataset_num_proc
@@ -272,6 +273,25 @@ def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
     if shape == "sft":
         prepared.loss = _loss(cfg.train_on_prompt, markers)
     return prepared
+
+
+def _check_processor(cfg: RunConfig, processor, shape: str, markers: bool, split_last: bool) -> None:
+    """What TRL's collators will ask of the processor, probed before the model loads (vision/probe.py): a
+    UsageError naming what fails and what works instead."""
+    from posttrainllm.vision import probe
+
+    mask_checked = shape == "sft" and markers and not cfg.train_on_prompt
+    if mask_checked and (problem := probe.assistant_mask_problem(processor)):
+        raise UsageError(
+            f"--model {cfg.model}: {problem}, so the assistant-only loss would train other tokens; use "
+            "--train-on-prompt (the loss on every token), or a processor that keeps the template's text"
+        )
+    if (split_last or shape == "preference") and (problem := probe.text_alone_problem(processor)):
+        fix = "use --train-on-prompt, or a chat template with {% generation %} markers"
+        if not split_last:
+            fix = f"{cfg.command} cannot train this model with TRL's collator"
+        needs = "the completion-only loss" if split_last else cfg.command
+        raise UsageError(f"--model {cfg.model}: {problem}, and {needs} processes each completion as text alone; {fix}")
 
 
 def _loss(train_on_prompt: bool, markers: bool) -> LossMask:

@@ -1,13 +1,14 @@
-"""Vision-language models end to end, on tiny LLaVA and Idefics3 models built here with drawn images: sft trains 2
-steps with the loss on the assistant's reply only (image tokens and the user's turn carry none), saves a model that
-loads with its processor, and generate answers an image prompt; dpo trains on image preference pairs."""
+"""Vision-language models end to end, on tiny LLaVA (CLIP and SigLIP towers), LLaVA-NeXT, Idefics3 and Gemma 3
+models built here with drawn images: sft trains 2 steps with the loss on the assistant's reply only (image tokens
+and the user's turn carry none), saves a model that loads with its processor, and generate answers an image prompt;
+dpo trains on image preference pairs."""
 
 import json
 
 import pytest
 from harness import cli_args, run_args
 from typer.testing import CliRunner
-from vlm_models import BUILDERS, save_vlm, write_images, write_preference_data, write_sft_data
+from vlm_models import TRAINED, save_vlm, write_images, write_preference_data, write_sft_data
 
 from posttrainllm.cli import app
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.smoke
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module", params=list(BUILDERS))
+@pytest.fixture(scope="module", params=TRAINED)
 def vlm_dir(request, tmp_path_factory):
     return save_vlm(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
 
@@ -34,7 +35,8 @@ def check_assistant_only_labels(trainer, processor):
     rows = [trainer.train_dataset[i] for i in range(2)]
     replies = [r["messages"][-1]["content"][0]["text"] + "<|im_end|>" for r in rows]
     batch = trainer.data_collator(rows)
-    image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    tok = processor.tokenizer
+    image_id = getattr(tok, "image_token_id", None) or tok.convert_tokens_to_ids("<image>")
     for k, reply in enumerate(replies):
         ids, labels = batch["input_ids"][k].tolist(), batch["labels"][k].tolist()
         kept = _reply_positions(ids, processor.tokenizer(reply, add_special_tokens=False)["input_ids"])
