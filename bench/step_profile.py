@@ -13,7 +13,9 @@ width 64, SmolLM2's tokenizer), on which a per-step cost of ours would be visibl
 batch 4 × 192. Per step and side: the loop's time without the final checkpoint, the compute (forward+backward,
 gradient norm/clipping, optimizer step, zero_grad), the callbacks (ours and transformers'/TRL's), and every
 function of posttrainllm's (a file under posttrainllm/) called in the loop, at its own cost (its time less the
-trainer method it extends through super()). Percentages are of the SmolLM2 step of the same precision. Sides
+trainer method it extends through super()). Percentages are of the SmolLM2 step of the same precision.
+Times are the process's CPU time (cProfile's timer is `time.process_time`): on a shared machine the wall clock
+also counts the time the process waits for a core; the loop's wall time is reported beside it. Sides
 alternate (rotated order); the loop-time ratio ours/TRL is the median of per-repetition ratios. cProfile slows
 Python-heavy code more than the tensor kernels, so our own (Python) costs are, if anything, overstated.
 """
@@ -48,18 +50,18 @@ def worker(side: str, prof_path: str, rest: list[str]) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     inner = Trainer._inner_training_loop
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)  # CPU time: the machine is shared, wall time waits for others
 
     def profiled(self, *args, **kwargs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         prof.enable()
         try:
             return inner(self, *args, **kwargs)
         finally:
             prof.disable()
-            loop_s = time.perf_counter() - t0
+            loop_s, wall_s = time.process_time() - c0, time.perf_counter() - t0
             prof.dump_stats(prof_path)
-            meta = {"loop_s": loop_s, "steps": self.state.global_step}
+            meta = {"loop_s": loop_s, "loop_wall_s": wall_s, "steps": self.state.global_step}
             Path(prof_path + ".json").write_text(json.dumps(meta))
 
     Trainer._inner_training_loop = profiled
@@ -138,7 +140,8 @@ def analyse(prof_path: str) -> dict:
             v[4][key][3] for k, v in stats.items() if k[2] == key[2] and not ours(k) and key in v[4]
         )  # the super() call the override extends
         own[f"{_label(key[0])}:{key[2]}"] = {"calls": calls, "own_s": max(0.0, cum - wrapped)}
-    return {"loop_s": meta["loop_s"], "steps": meta["steps"], "final_checkpoint_s": save, "parts": parts,
+    return {"loop_s": meta["loop_s"], "loop_wall_s": meta["loop_wall_s"], "steps": meta["steps"],
+            "final_checkpoint_s": save, "parts": parts,
             "callbacks_ours_s": cb_ours, "callbacks_theirs_s": cb_theirs, "ours": own}  # fmt: skip
 
 
@@ -201,7 +204,8 @@ def per_step(r: dict) -> dict:
         "ours_once_ms": sum(v["own_s"] for k, v in r["ours"].items() if k not in per_step_ours) * 1000 / n,
         "callbacks_ours_ms": r["callbacks_ours_s"] * 1000 / n,
         "callbacks_theirs_ms": r["callbacks_theirs_s"] * 1000 / n,
-        "ours_ms": ours_total, "final_checkpoint_s": r["final_checkpoint_s"], "steps": r["steps"],
+        "loop_wall_s": r["loop_wall_s"], "ours_ms": ours_total, "final_checkpoint_s": r["final_checkpoint_s"],
+        "steps": r["steps"],
         "ours_by_function_ms": {k: (v["calls"], v["own_s"] * 1000 / n) for k, v in
                                 sorted(r["ours"].items(), key=lambda kv: -kv[1]["own_s"])},
     }  # fmt: skip
@@ -271,7 +275,9 @@ def report(runs: list[dict], machine: dict) -> str:
     for r in runs:
         lines.append(
             f"{r['size']} {r['precision']}, {r['steps']} steps × batch {r['batch']} × {r['max_length']}: "
-            f"posttrainllm/TRL speed (loop without the final checkpoint) {r['speed_ratio_ours_over_trl']:.3f}"
+            f"posttrainllm/TRL speed (loop CPU time without the final checkpoint, median of per-rep ratios) "
+            f"{r['speed_ratio_ours_over_trl']:.3f}; per rep "
+            f"{[round(t['step_ms'] / o['step_ms'], 3) for o, t in zip(r['raw']['posttrainllm'], r['raw']['trl'])]}"
         )
         pct_ref = real.get(r["precision"], ref)
 
@@ -281,7 +287,8 @@ def report(runs: list[dict], machine: dict) -> str:
         for side, reps in r["raw"].items():
             x = reps[0] if len(reps) == 1 else sorted(reps, key=lambda v: v["step_ms"])[len(reps) // 2]
             lines.append(
-                f"  {side:12s} step {x['step_ms']:9.2f} ms  compute {x['compute_ms']:9.2f} ms  callbacks: ours "
+                f"  {side:12s} (median rep) CPU ms per step: step {x['step_ms']:9.2f}  (loop wall "
+                f"{x['loop_wall_s']:.1f} s)  compute {x['compute_ms']:9.2f} ms  callbacks: ours "
                 f"{x['callbacks_ours_ms']:.3f} ms, transformers/TRL {x['callbacks_theirs_ms']:.3f} ms "
                 f"({pct(x['callbacks_theirs_ms'])})  posttrainllm's own code {x['ours_ms']:.3f} ms "
                 f"({pct(x['ours_ms'])} of a SmolLM2 step)"
