@@ -68,6 +68,7 @@ def run_one(kind: str, data: dict, model_dir: str, root: Path, a, env: dict, tag
         "samples_per_s": metrics["train_samples_per_second"], "first_step_at_s": stamps.get(1),
         "steady_s_per_step": steady, "train_loss": metrics.get("train_loss"),
         "losses": {str(k): v for k, v in sorted(losses.items())},
+        "step_at_s": {str(k): round(v, 2) for k, v in sorted(stamps.items())},  # recompilations show as long gaps
     }  # fmt: skip
 
 
