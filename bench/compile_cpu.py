@@ -1,7 +1,7 @@
 """torch.compile on CPU: `posttrainllm sft` of SmolLM2-135M-Instruct with and without `--trainer-arg
 torch_compile=true`, the same rows, seed, batch, length and precision, compile time included.
 
-    OMP_NUM_THREADS=1 python bench/compile_cpu.py [--json] [--steps 50] [--reps 1] [--precision auto]
+    OMP_NUM_THREADS=1 python bench/compile_cpu.py [--json] [--steps 50] [--reps 1] [--precision auto] [--extra FLAGS]
 
 Each run is a fresh `posttrainllm sft` subprocess with `--logging-steps 1`; the script stamps each step's log line
 as it arrives, so it reports, per contender: the wall time of the whole run (start-up and compilation included),
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ def run_one(kind: str, data: dict, model_dir: str, root: Path, a, env: dict, tag
     out = root / f"{tag}_{kind}"
     argv = ours_argv("flat", data, model_dir, out, a.steps, a.batch_size, a.max_length, a.precision)
     argv[argv.index("--logging-steps") + 1] = "1"
-    argv += KINDS[kind]
+    argv += KINDS[kind] + shlex.split(a.extra)
     t0 = time.perf_counter()
     full_env = {**os.environ, **env}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
@@ -84,6 +85,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="auto")
     p.add_argument("--kinds", default="plain,compiled")
+    p.add_argument("--extra", default="", help='more `posttrainllm sft` flags for both sides, e.g. "--packing"')
     a = p.parse_args()
     a.reps = a.reps or 1
     model_dir = a.model or subprocess.run(
