@@ -227,6 +227,38 @@ def measure(size, model_dir, data, root, a, env, steps, batch, length, precision
             "raw": res, "speed_ratio_ours_over_trl": ratio}  # fmt: skip
 
 
+def elementwise_check(model) -> bool:
+    """The weight check before a checkpoint as it was until 2026-12-03 (an isfinite mask of every tensor, in
+    chunks): the "before" of `weight_check_cost`."""
+    import torch
+
+    with torch.no_grad():
+        flags = [torch.isfinite(c).all() for p in model.parameters() for c in p.detach().reshape(-1).split(1 << 24)]
+        return bool(torch.stack(flags).all())
+
+
+def weight_check_cost(model_dir: str, reps: int, order_for, median) -> dict:
+    """CPU ms of the weight check that every checkpoint and the final save run (posttrainllm's
+    `nonfinite_parameters`) against the element-wise check it replaced, on the real model, rotated."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from posttrainllm.rundir.checkpoints import nonfinite_parameters
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    sides = {
+        "before (element-wise)": lambda: elementwise_check(model),
+        "now (sums first)": lambda: nonfinite_parameters(model),
+    }
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    for rep in range(max(3, reps)):
+        for name in order_for(rep, list(sides)):
+            c0 = time.process_time()
+            sides[name]()
+            times[name].append((time.process_time() - c0) * 1000)
+    return {k: median(v) for k, v in times.items()}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
@@ -255,6 +287,7 @@ def main() -> None:
     env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
     machine = machine_info()
     runs = []
+    check = None if a.skip_real else weight_check_cost(model_dir, a.reps, order_for, median)
     with tempfile.TemporaryDirectory(prefix="posttrainllm-profile-") as tmp:
         root = Path(tmp)
         data = write_data(root, Path(a.dataset))
@@ -265,10 +298,11 @@ def main() -> None:
         if not a.skip_tiny:
             tiny = tiny_model(root, data["train"])
             runs.append(measure("tiny", tiny, *common, a.tiny_steps, 4, 192, a.tiny_precision, log, order_for, median))
-    emit({"machine": machine, "argv": sys.argv[1:], "model": model_dir, "runs": runs}, a.json, report(runs, machine))
+    result = {"machine": machine, "argv": sys.argv[1:], "model": model_dir, "runs": runs, "weight_check_ms": check}
+    emit(result, a.json, report(runs, machine, check))
 
 
-def report(runs: list[dict], machine: dict) -> str:
+def report(runs: list[dict], machine: dict, check: dict | None = None) -> str:
     real = {r["precision"]: median_step(r) for r in runs if r["size"] == "SmolLM2"}
     ref = real.get("fp32") or next(iter(real.values()), None)
     lines = [f"load at start {machine.get('loadavg_at_start')}; {machine['cpu']}; torch {machine['torch']}"]
@@ -303,6 +337,17 @@ def report(runs: list[dict], machine: dict) -> str:
             )
             for name, (calls, ms) in list(x["ours_by_function_ms"].items())[:8]:
                 lines.append(f"    ours {name:60s} {calls:5d} calls {ms:8.4f} ms/step ({pct(ms)})")
+    if check:
+        ref_text = (
+            f" = {100 * max(check.values()) / ref:.2f}% / {100 * min(check.values()) / ref:.2f}% of a step"
+            if ref
+            else ""
+        )
+        lines.append(
+            "weight check before each checkpoint and the final save (SmolLM2, fp32 weights, CPU ms, median): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in check.items())
+            + ref_text
+        )
     return "\n".join(lines)
 
 
