@@ -117,25 +117,36 @@ def token_counts(model_dir: str, train: Path, max_length: int) -> tuple[float, f
     return sum(n) / len(n), sum(n) / len(packed)
 
 
+def ours_argv(kind, data, model_dir, out, steps, batch, max_length, precision="fp32") -> list[str]:
+    """The `posttrainllm sft` command line of a contender (flat, llrd, packed, flat_adamw, packed_accum)."""
+    from common import VENV_BIN
+
+    exe = VENV_BIN / "posttrainllm"
+    argv = [str(exe) if exe.exists() else "posttrainllm", "sft", "--model", model_dir, "--dataset",
+            str(data["train"]), "--output-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch),
+            "--max-length", str(max_length), "--precision", precision, "--save-steps", str(steps + 1000),
+            "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]  # fmt: skip
+    argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"], "flat_adamw": ["--optim", "adamw_torch"]}.get(kind, [])
+    if kind == "packed_accum":  # one packed row per forward, the same rows per step through accumulation
+        argv[argv.index("--batch-size") + 1] = "1"
+        argv += ["--packing", "--grad-accum", str(batch)]
+    return argv
+
+
+def trl_argv(data, model_dir, out, steps, batch, max_length, precision="fp32") -> list[str]:
+    """The bare TRL script's command line (this file's `trl_worker` in a fresh process)."""
+    return [sys.executable, __file__, "--trl-worker", model_dir, str(data["train"]), str(out), str(steps), str(batch),
+            str(max_length), precision]  # fmt: skip
+
+
 def run(kind, data, model_dir, root, steps, batch, max_length, env, tag, precision="fp32") -> dict:
-    from common import VENV_BIN, run_cmd
+    from common import run_cmd
 
     out = root / f"{tag}_{kind}"
     if kind == "trl":
-        argv = [sys.executable, __file__, "--trl-worker", model_dir, str(data["train"]), str(out), str(steps),
-                str(batch), str(max_length), precision]  # fmt: skip
+        argv = trl_argv(data, model_dir, out, steps, batch, max_length, precision)
     else:
-        exe = VENV_BIN / "posttrainllm"
-        argv = [str(exe) if exe.exists() else "posttrainllm", "sft", "--model", model_dir, "--dataset",
-                str(data["train"]), "--output-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch),
-                "--max-length", str(max_length), "--precision", precision, "--save-steps", str(steps + 1000),
-                "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]  # fmt: skip
-        argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"], "flat_adamw": ["--optim", "adamw_torch"]}.get(
-            kind, []
-        )
-        if kind == "packed_accum":  # one packed row per forward, the same rows per step through accumulation
-            argv[argv.index("--batch-size") + 1] = "1"
-            argv += ["--packing", "--grad-accum", str(batch)]
+        argv = ours_argv(kind, data, model_dir, out, steps, batch, max_length, precision)
     wall, proc = run_cmd(argv, env=env, timeout=7200)
     if kind == "trl":
         r = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG))[len(RESULT_TAG) :])
