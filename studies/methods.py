@@ -1,14 +1,15 @@
-"""Every forgetting method at equal in-domain loss, in the regime study's code setting (SmolLM2-135M-Instruct).
+"""Every forgetting method at equal in-domain loss, in a setting of the regime study (SmolLM2-135M-Instruct).
 
     python studies/methods.py                        # train, merge and evaluate every cell (resumable)
     python studies/methods.py --phase report         # only the tables and the frontier plot, from what has finished
     python studies/methods.py --seeds 2 --heldout-offset 40000    # an independent replication: other seed, texts
     python studies/methods.py --only kl,llrd0.9      # a subset of the methods (names as in METHODS)
+    python studies/methods.py --setting shakespeare  # regime.py's Shakespeare setting (out: methods-shakespeare/)
 
-The setting is regime.py's `code` one (`posttrainllm finetune` on the stdlib modules up to typing.py, 240 steps of
-batch 4 x 192 tokens from the healed base, the same arguments), run first by `studies/regime.py`, whose healed base,
-data files and flat runs this script reuses (a flat cell of regime.py is not trained again). Each method is one
-extra group of CLI arguments on that run:
+The default setting is regime.py's `code` one (`posttrainllm finetune` on the stdlib modules up to typing.py,
+240 steps of batch 4 x 192 tokens from the healed base, the same arguments), run first by `studies/regime.py`, whose
+healed base, data files and flat runs this script reuses (a flat cell of regime.py is not trained again). Each
+method is one extra group of CLI arguments on that run (the same in --setting shakespeare, on Tiny Shakespeare):
 
   flat         the flat LR grid (1e-5, 3e-5, 1e-4, 3e-4; regime.py's runs): the baseline a careful user tunes
   llrd0.9      --llrd 0.9 (block 0 at 0.9^29 = 0.047 of the top's LR)
@@ -48,10 +49,23 @@ from regime import OUT as REGIME_OUT  # noqa: E402
 OUT = ROOT / "studies" / "out" / "methods"
 STEPS = 240
 REPLAY_CHARS = 600_000
-HELD_OUT = ("prose", "shakespeare")
-# the headline forgetting: the texts unlike the training data (the documentation prose is about the very modules
-# trained on, and a code fine-tune improves it; it is reported, not averaged in)
-FORGET = ("shakespeare", "alpaca")
+SETTINGS = {
+    # name: (the training text, the in-domain eval text, the held-out texts, the texts averaged as "forgetting")
+    # code: the documentation prose is about the very modules trained on, and a code fine-tune improves it; it is
+    # reported, not averaged in. shakespeare: everything but Shakespeare is unlike the training text.
+    "code": ("code_train", "code_eval", ("prose", "shakespeare"), ("shakespeare", "alpaca")),
+    "shakespeare": ("shakespeare_train", "shakespeare_eval", ("code", "prose"), ("code", "prose", "alpaca")),
+}
+SETTING = "code"  # set by --setting
+TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = SETTINGS[SETTING]
+
+
+def use_setting(name: str) -> None:
+    global SETTING, TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET  # noqa: PLW0603 (one setting per process)
+    SETTING = name
+    TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = SETTINGS[name]
+
+
 MERGE_ALPHAS = "0.5,0.75"
 MERGE_DEPTH_GAMMA = "0.9"
 
@@ -81,8 +95,10 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
     sp = splits()
     texts = {
         "code_eval": sp["code_held"][offset : offset + 32_000],
+        "code": sp["code_held"][offset + 32_000 : offset + 32_000 + heldout_chars],
         "prose": sp["docs_held"][offset : offset + heldout_chars],
         "shakespeare": sp["shakespeare_held"][offset : offset + heldout_chars],
+        "shakespeare_eval": sp["shakespeare_held"][offset + heldout_chars : offset + heldout_chars + 32_000],
         # replayed prose: documentation the base saw in kind, after the healing slice, no held-out document
         "replay": sp["docs_train"][HEAL_CHARS : HEAL_CHARS + REPLAY_CHARS],
     }
@@ -92,10 +108,10 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
         files[key].write_text(text, encoding="utf-8")
     files["alpaca_val"] = out / "alpaca_val.json"
     files["alpaca_val"].write_text(json.dumps(sp["alpaca_val"]))
-    files["code_train"] = out / "code_train.txt"
-    files["code_train"].write_text(sp["code_train"], encoding="utf-8")
-    # the training run's own eval set: the same file as regime.py's code setting, so that its flat runs are reusable
-    files["regime_code_eval"] = REGIME_OUT / "data" / "code_eval.txt"
+    files[TRAIN_TEXT] = out / f"{TRAIN_TEXT}.txt"
+    files[TRAIN_TEXT].write_text(sp[TRAIN_TEXT], encoding="utf-8")
+    # the training run's own eval set: the same file as regime.py's setting, so that its flat runs are reusable
+    files["regime_eval"] = REGIME_OUT / "data" / f"{SETTING}_eval.txt"
     return files
 
 
@@ -110,7 +126,7 @@ def cells(seeds: list[int], only: list[str] | None, lrs: list[str] | None = None
 
 
 def _regime_run(cell: dict) -> Path:
-    return REGIME_OUT / "runs" / f"code-flat-lr{cell['lr']}-s{cell['seed']}" / "training_complete.json"
+    return REGIME_OUT / "runs" / f"{SETTING}-flat-lr{cell['lr']}-s{cell['seed']}" / "training_complete.json"
 
 
 def train(cell: dict, files: dict, healed: Path, out: Path) -> Path:
@@ -122,7 +138,7 @@ def train(cell: dict, files: dict, healed: Path, out: Path) -> Path:
     extra = [a.replace("{replay}", str(files["replay"])) for a in cell["extra"]]
     print(f"train {cell['name']}", flush=True)
     t = cli(
-        ["finetune", "--dataset", str(files["code_train"]), "--eval-dataset", str(files["regime_code_eval"]),
+        ["finetune", "--dataset", str(files[TRAIN_TEXT]), "--eval-dataset", str(files["regime_eval"]),
          "--model", str(healed), "--output-dir", str(run_dir), "--overwrite", "--lr", cell["lr"],
          "--seed", str(cell["seed"]), "--max-steps", str(STEPS), "--warmup-ratio", "0.05",
          "--eval-steps", str(STEPS // 4), *COMMON, *extra],
@@ -149,7 +165,7 @@ def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path) -> di
         "--precision",
         "fp32",
     ]
-    for key in ("code_eval", *HELD_OUT):
+    for key in (IN_DOMAIN, *HELD_OUT):
         args += ["--text", str(files[key])]
     args += ["--sft-dataset", str(files["alpaca_val"])]
     print(f"eval {name}", flush=True)
@@ -189,7 +205,7 @@ def merges(cell: dict, run_dir: Path, healed: Path, files: dict, out: Path) -> N
 def _point(name: str, res: dict, base: dict, wall: str) -> dict:
     """One evaluated model: in-domain NLL, per held-out text the PPL change (%) and KL, the Alpaca loss change (as
     % PPL), the compute, and its family (the method, or which trained cell a merge comes from)."""
-    p = {"name": name, "ind": res["code_eval.txt"]["nll"], "wall": wall}
+    p = {"name": name, "ind": res[f"{IN_DOMAIN}.txt"]["nll"], "wall": wall}
     for key in HELD_OUT:
         r, b = res[f"{key}.txt"], base[f"{key}.txt"]
         p[key] = 100 * (r["perplexity"] / b["perplexity"] - 1)
@@ -211,7 +227,7 @@ def _wall(name: str, res: dict, out: Path) -> str:
     if name.startswith("merge-"):
         return f"{res.get('merge_wall_s', 0):.0f} (merge)"
     lr, seed = name.split("-lr", 1)[1].rsplit("-s", 1)
-    for d in (out / "runs" / name, REGIME_OUT / "runs" / f"code-flat-lr{lr}-s{seed}"):
+    for d in (out / "runs" / name, REGIME_OUT / "runs" / f"{SETTING}-flat-lr{lr}-s{seed}"):
         if (d / "study_wall_s.txt").is_file():
             return d.joinpath("study_wall_s.txt").read_text().strip()
     return ""
@@ -232,8 +248,8 @@ def points(out: Path) -> list[dict]:
 
 def table(pts: list[dict]) -> str:
     """One row per evaluated model (trained or merged), sorted by in-domain loss."""
-    head = ["model", "in-domain NLL (code)", *(f"{k} PPL / KL" for k in HELD_OUT), "Alpaca loss (PPL)",
-            "forgetting (Shakespeare, Alpaca)", "train s"]  # fmt: skip
+    head = ["model", f"in-domain NLL ({SETTING})", *(f"{k} PPL / KL" for k in HELD_OUT), "Alpaca loss (PPL)",
+            f"forgetting ({', '.join(FORGET)})", "train s"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in pts:
         cols = [p["name"], f"{p['ind']:.4f}", *(f"{p[k]:+.1f}% / {p[f'kl_{k}']:.4f}" for k in HELD_OUT)]
@@ -304,9 +320,9 @@ def plot(pts: list[dict], dest: Path) -> None:
         style = "--" if fam.startswith("merge") else "-"
         ax.plot([p["ind"] for p in members], [p["forget"] for p in members], style, marker="o", label=fam)
     ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xlabel("in-domain NLL on held-out stdlib code (lower is better)")
-    ax.set_ylabel("forgetting: mean PPL change vs healed base, % (Shakespeare, Alpaca)")
-    ax.set_title("SmolLM2-135M-Instruct, finetune on stdlib code, 240 steps: every method")
+    ax.set_xlabel(f"in-domain NLL ({SETTING}; lower is better)")
+    ax.set_ylabel(f"forgetting: mean PPL change vs healed base, % ({', '.join(FORGET)})")
+    ax.set_title(f"SmolLM2-135M-Instruct, finetune on {SETTING}, 240 steps: every method")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(dest, dpi=110)
@@ -328,10 +344,12 @@ def main() -> None:
     ap.add_argument("--lrs", default=None, help="only the cells at these LRs (comma-separated, e.g. 1e-4)")
     ap.add_argument("--heldout-chars", type=int, default=20_000)
     ap.add_argument("--heldout-offset", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--setting", choices=sorted(SETTINGS), default="code", help="regime.py's setting to compare in")
+    ap.add_argument("--out", type=Path, default=None, help=f"default: {OUT} (code), {OUT}-SETTING (others)")
     ap.add_argument("--plot", type=Path, default=None, help="write the frontier plot here (a PNG)")
     args = ap.parse_args()
-    out: Path = args.out
+    use_setting(args.setting)
+    out: Path = args.out or (OUT if SETTING == "code" else OUT.with_name(f"methods-{SETTING}"))
     only = args.only.split(",") if args.only else None
     todo = cells([int(s) for s in args.seeds.split(",")], only, args.lrs.split(",") if args.lrs else None)
     if args.phase == "all":
