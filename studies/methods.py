@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "studies"))
 from common import cli, machine, splits  # noqa: E402
 from regime import COMMON, HEAL_CHARS  # noqa: E402
 from regime import OUT as REGIME_OUT  # noqa: E402
+from regime import evaluate as regime_evaluate  # noqa: E402
 
 OUT = ROOT / "studies" / "out" / "methods"
 STEPS = 240
@@ -150,33 +151,9 @@ def train(cell: dict, files: dict, healed: Path, out: Path) -> Path:
 
 
 def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path) -> dict:
-    dest = out / "eval" / f"{name}.json"
-    if dest.is_file():
-        return json.loads(dest.read_text())
-    args = [
-        "eval",
-        "--model",
-        str(model),
-        "--reference",
-        str(healed),
-        "--max-length",
-        "192",
-        "--json",
-        "--precision",
-        "fp32",
-    ]
-    for key in (IN_DOMAIN, *HELD_OUT):
-        args += ["--text", str(files[key])]
-    args += ["--sft-dataset", str(files["alpaca_val"])]
-    print(f"eval {name}", flush=True)
-    partial = dest.with_name(dest.name + ".partial")  # a failed eval leaves no result that looks finished
-    t = cli(args, out / "logs" / f"eval-{name}.log", stdout=partial)
-    res = json.loads(partial.read_text())
-    res["eval_wall_s"] = t
-    dest.write_text(json.dumps(res))
-    partial.unlink()
-    print(f"  done in {t:.0f} s", flush=True)
-    return res
+    """regime.py's evaluation (fp32, KL to the healed base, the Alpaca completion loss) on this setting's in-domain
+    and held-out texts."""
+    return regime_evaluate(name, model, healed, files, out, keys=(IN_DOMAIN, *HELD_OUT))
 
 
 def merges(cell: dict, run_dir: Path, healed: Path, files: dict, out: Path) -> None:

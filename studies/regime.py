@@ -117,24 +117,18 @@ def train(cell: dict, files: dict, healed: Path, out: Path, steps: dict) -> Path
     return run_dir
 
 
-def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path) -> dict:
-    """Held-out PPL + KL to the healed base on code, prose, Shakespeare, and the Alpaca completion loss."""
+HELD_OUT = ("code", "prose", "shakespeare")
+
+
+def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path, keys: tuple[str, ...] = HELD_OUT) -> dict:
+    """Held-out PPL + KL to the healed base on the texts `keys` (code, prose, Shakespeare unless told), and the Alpaca
+    completion loss; in fp32, whatever the CPU, so that every figure is comparable."""
     dest = out / "eval" / f"{name}.json"
     if dest.is_file():
         return json.loads(dest.read_text())
-    args = [
-        "eval",
-        "--model",
-        str(model),
-        "--reference",
-        str(healed),
-        "--max-length",
-        "192",
-        "--json",
-        "--precision",
-        "fp32",
-    ]
-    for key in ("code", "prose", "shakespeare"):
+    args = ["eval", "--model", str(model), "--reference", str(healed), "--max-length", "192", "--json"]
+    args += ["--precision", "fp32"]
+    for key in keys:
         args += ["--text", str(files[key])]
     args += ["--sft-dataset", str(files["alpaca_val"])]
     print(f"eval {name}", flush=True)
