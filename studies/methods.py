@@ -266,8 +266,8 @@ def matched(pts: list[dict], seed: str = "1") -> str:
             members += [p for p in pts if p["name"] == src]
     lines = [f"At in-domain NLL at most the tuned flat run's, {tuned['ind']:.4f} ({tuned['name']}), seed {seed}: "
              "each method's least-forgetting point", "",
-             "| method | point | in-domain NLL | prose PPL | Shakespeare PPL | Alpaca loss (PPL) | forgetting | "
-             "mean KL |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| method | point | in-domain NLL | " + " | ".join(f"{k} PPL" for k in HELD_OUT)
+             + " | Alpaca loss (PPL) | forgetting | mean KL |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for fam, members in sorted(fams.items()):
         if fam == "base":
             continue
