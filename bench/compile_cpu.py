@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from real_throughput import SHARED, ours_argv, write_data  # noqa: E402
+from real_throughput import SHARED, model_and_env, ours_argv, write_data  # noqa: E402
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) · (.*)$")
 KINDS = {"plain": [], "compiled": ["--trainer-arg", "torch_compile=true"]}
@@ -88,12 +88,7 @@ def main() -> None:
     p.add_argument("--extra", default="", help='more `posttrainllm sft` flags for both sides, e.g. "--packing"')
     a = p.parse_args()
     a.reps = a.reps or 1
-    model_dir = a.model or subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "smollm2.py"), "--dir"], check=True, capture_output=True,
-        text=True,
-    ).stdout.strip().splitlines()[-1]  # fmt: skip
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    model_dir, env = model_and_env(a.model, a.threads)
     machine = machine_info()
     names = a.kinds.split(",")
     res: dict[str, list[dict]] = {n: [] for n in names}

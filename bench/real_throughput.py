@@ -117,6 +117,18 @@ def token_counts(model_dir: str, train: Path, max_length: int) -> tuple[float, f
     return sum(n) / len(n), sum(n) / len(packed)
 
 
+def model_and_env(model: str | None, threads: int) -> tuple[str, dict[str, str]]:
+    """The model directory (`model`, else bench/smollm2.py's converted SmolLM2) and the environment of every run:
+    offline, quiet, `threads` threads."""
+    model_dir = model or subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "smollm2.py"), "--dir"], check=True, capture_output=True,
+        text=True,
+    ).stdout.strip().splitlines()[-1]  # fmt: skip
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return model_dir, env
+
+
 def ours_argv(kind, data, model_dir, out, steps, batch, max_length, precision="fp32") -> list[str]:
     """The `posttrainllm sft` command line of a contender (flat, llrd, packed, flat_adamw, packed_accum)."""
     from common import VENV_BIN
@@ -263,12 +275,7 @@ def main() -> None:
     )  # fmt: skip
     a = p.parse_args()
     a.reps = a.reps or 2
-    model_dir = a.model or subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "smollm2.py"), "--dir"], check=True, capture_output=True,
-        text=True,
-    ).stdout.strip().splitlines()[-1]  # fmt: skip
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    model_dir, env = model_and_env(a.model, a.threads)
     machine = machine_info()
     root = Path(tempfile.mkdtemp(prefix="posttrainllm-real-"))
     try:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from real_throughput import SHARED, ours_argv, trl_argv, write_data  # noqa: E402
+from real_throughput import SHARED, model_and_env, ours_argv, trl_argv, write_data  # noqa: E402
 
 PKG = os.sep + "posttrainllm" + os.sep
 ONCE = ("free_memory", "_prepare_for_training", "get_train_dataloader", "_finalize_training", "get_model_param_count",
@@ -263,7 +263,6 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
-    import subprocess
 
     from common import base_parser, emit, log, machine_info, median, order_for
 
@@ -279,12 +278,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
     a.reps = a.reps or 2
-    model_dir = a.model or subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "smollm2.py"), "--dir"], check=True, capture_output=True,
-        text=True,
-    ).stdout.strip().splitlines()[-1]  # fmt: skip
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads))
+    model_dir, env = model_and_env(a.model, a.threads)
     machine = machine_info()
     runs = []
     check = None if a.skip_real else weight_check_cost(model_dir, a.reps, order_for, median)

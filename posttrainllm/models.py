@@ -174,12 +174,17 @@ def load_tokenizer(
         if notes is not None:
             row = " (a new embedding row)" if len(tok) > before else ""
             notes.append(f"the tokenizer has no EOS token: using <|endoftext|>{row} as EOS so that completions can end")
+    _give_pad_token(tok)
+    return tok
+
+
+def _give_pad_token(tok) -> None:
+    """A tokenizer without a pad token pads with its EOS token, else with a new <|pad|> token."""
     if tok.pad_token is None:
         if tok.eos_token is not None:
             tok.pad_token = tok.eos_token
         else:
             tok.add_special_tokens({"pad_token": "<|pad|>"})
-    return tok
 
 
 def load_processor(ref: str, trust_remote_code: bool = False, *, need_eos: bool = False):
@@ -206,11 +211,7 @@ def load_processor(ref: str, trust_remote_code: bool = False, *, need_eos: bool 
     check_tokenizer_templates(processor, _template_owner(ref))
     if need_eos and tok.eos_token is None:
         raise ModelError(f"the tokenizer of {ref} has no EOS token: completions could not end; set eos_token")
-    if tok.pad_token is None:
-        if tok.eos_token is not None:
-            tok.pad_token = tok.eos_token
-        else:
-            tok.add_special_tokens({"pad_token": "<|pad|>"})
+    _give_pad_token(tok)
     return processor
 
 
