@@ -28,6 +28,7 @@ class RunConfig:
     output_dir: str | None = None
     eval_dataset: str | None = None
     eval_split: float = 0.0
+    eval_split_seed: int = 0
     max_samples: int | None = None
     streaming: bool = False
     dataset_num_proc: int = 1

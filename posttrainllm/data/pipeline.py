@@ -27,6 +27,7 @@ def data_options(cfg: RunConfig) -> dict:
         eval_split=cfg.eval_split,
         eval_source=cfg.eval_dataset,
         seed=cfg.seed,
+        split_seed=cfg.eval_split_seed,
         max_samples=cfg.max_samples,
         num_proc=cfg.dataset_num_proc,
         streaming=cfg.streaming,

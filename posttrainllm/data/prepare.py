@@ -145,6 +145,7 @@ def _prepare_pairs(
     eval_split,
     eval_source,
     seed,
+    split_seed,
     max_samples,
     max_length,
     num_proc,
@@ -189,7 +190,7 @@ def _prepare_pairs(
             eval_ds = _head_dataset(part.ds, n_eval, features) if n_eval else None
             train = part.ds.skip(n_eval) if n_eval else part.ds
         else:
-            train, eval_ds = _random_split(part.ds, eval_split, seed, source)
+            train, eval_ds = _random_split(part.ds, eval_split, split_seed, source)
         if streaming:
             train = train.shuffle(seed=seed, buffer_size=STREAM_SHUFFLE_BUFFER)
     return PreparedData(
@@ -214,6 +215,7 @@ def prepare_sft(
     eval_split: float = 0.0,
     eval_source: str | None = None,
     seed: int = 42,
+    split_seed: int = 0,
     max_samples: int | None = None,
     max_length: int | None = None,
     num_proc: int | None = None,
@@ -228,11 +230,12 @@ def prepare_sft(
     and `template_note` says so. Rows that teach nothing are dropped and counted in `dropped`: no assistant content,
     an empty completion or text, an empty record, and (conversational rows, when `max_length` is given) a prompt
     that fills `max_length` tokens so that no completion token survives truncation. `max_samples` keeps the first
-    N records (before the eval split). `eval_split` splits deterministically (seeded permutation, last fraction to
-    eval, at least one eval row); `eval_source` reads a separate eval dataset instead (same kind of data).
-    `num_proc`: processes for the conversion. `streaming`: the train rows are an IterableDataset converted as it is
-    read (shuffled through a buffer); an eval_split then takes the first eval_split / (1 - eval_split) ×
-    `stream_rows` rows (the rows training reads) from the head of the stream.
+    N records (before the eval split). `eval_split` splits deterministically (a permutation seeded by `split_seed`,
+    not by `seed`, so that runs of several seeds share one eval set; last fraction to eval, at least one eval
+    row); `eval_source` reads a separate eval dataset instead (same kind of data). `num_proc`: processes for the
+    conversion. `streaming`: the train rows are an IterableDataset converted as it is read (shuffled through a
+    buffer); an eval_split then takes the first eval_split / (1 - eval_split) × `stream_rows` rows (the rows
+    training reads) from the head of the stream.
     """
     return _prepare_pairs(
         "sft",
@@ -241,6 +244,7 @@ def prepare_sft(
         eval_split,
         eval_source,
         seed,
+        split_seed,
         max_samples,
         max_length,
         num_proc,
@@ -256,6 +260,7 @@ def prepare_dpo(
     eval_split: float = 0.0,
     eval_source: str | None = None,
     seed: int = 42,
+    split_seed: int = 0,
     max_samples: int | None = None,
     num_proc: int | None = None,
     streaming: bool = False,
@@ -270,7 +275,18 @@ def prepare_dpo(
     Same chat-template rule, max_samples, eval, num_proc and streaming options as `prepare_sft`.
     """
     return _prepare_pairs(
-        "dpo", source, tokenizer, eval_split, eval_source, seed, max_samples, None, num_proc, streaming, stream_rows
+        "dpo",
+        source,
+        tokenizer,
+        eval_split,
+        eval_source,
+        seed,
+        split_seed,
+        max_samples,
+        None,
+        num_proc,
+        streaming,
+        stream_rows,
     )
 
 
@@ -281,6 +297,7 @@ def prepare_kto(
     eval_split: float = 0.0,
     eval_source: str | None = None,
     seed: int = 42,
+    split_seed: int = 0,
     max_samples: int | None = None,
     num_proc: int | None = None,
     streaming: bool = False,
@@ -290,7 +307,18 @@ def prepare_kto(
     label True for a desirable completion). Rows with an empty completion, a null text or a null label are dropped
     and counted; `desirable` counts the train rows labelled True. Options as `prepare_dpo`."""
     prepared = _prepare_pairs(
-        "kto", source, tokenizer, eval_split, eval_source, seed, max_samples, None, num_proc, streaming, stream_rows
+        "kto",
+        source,
+        tokenizer,
+        eval_split,
+        eval_source,
+        seed,
+        split_seed,
+        max_samples,
+        None,
+        num_proc,
+        streaming,
+        stream_rows,
     )
     if not streaming:
         prepared.desirable = sum(1 for label in prepared.train["label"] if label)
@@ -334,6 +362,7 @@ def prepare_text(
     eval_split: float = 0.0,
     eval_source: str | None = None,
     seed: int = 42,
+    split_seed: int = 0,
     max_samples: int | None = None,
     num_proc: int | None = None,
     streaming: bool = False,
@@ -350,9 +379,10 @@ def prepare_text(
     works but sets the labels of pad tokens to -100, which hides the eos tokens when pad_token == eos_token).
 
     `eval_split` takes the LAST fraction of the blocks (contiguous, not shuffled, so eval text does not neighbour
-    train text); `max_samples` keeps the first N blocks (before the split); `seed` only seeds a stream's shuffle
-    buffer. A text shorter than one block raises DataError with the token count. `streaming`: blocks are made as
-    the text is read; an eval_split then takes the first eval_split / (1 - eval_split) × `stream_rows` blocks.
+    train text; `split_seed` is not used: nothing is drawn); `max_samples` keeps the first N blocks (before the
+    split); `seed` only seeds a stream's shuffle buffer. A text shorter than one block raises DataError with the
+    token count. `streaming`: blocks are made as the text is read; an eval_split then takes the first
+    eval_split / (1 - eval_split) × `stream_rows` blocks.
     """
     _check_args(eval_split, eval_source, max_samples)
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:

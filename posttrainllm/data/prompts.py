@@ -131,6 +131,7 @@ def prepare_prompts(
     eval_split: float = 0.0,
     eval_source: str | None = None,
     seed: int = 42,
+    split_seed: int = 0,
     max_samples: int | None = None,
     num_proc: int | None = None,
     streaming: bool = False,
@@ -154,7 +155,7 @@ def prepare_prompts(
                 )
             dropped = _merge(dropped, eval_dropped)
         else:
-            train, eval_ds = _random_split(train, eval_split, seed, source)
+            train, eval_ds = _random_split(train, eval_split, split_seed, source)
     return PreparedData(
         train=train,
         eval=eval_ds,

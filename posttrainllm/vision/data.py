@@ -264,7 +264,7 @@ def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
                 cfg.eval_dataset, shape, max_samples=None, split_last=split_last, num_proc=cfg.dataset_num_proc
             )
         else:
-            train, eval_ds = _random_split(train, cfg.eval_split, cfg.seed, cfg.dataset)
+            train, eval_ds = _random_split(train, cfg.eval_split, cfg.eval_split_seed, cfg.dataset)
     prepared = PreparedData(
         train=train, eval=eval_ds, format=FORMAT[shape], n_train=train.num_rows,
         n_eval=eval_ds.num_rows if eval_ds is not None else 0, source=cfg.dataset, eval_source=cfg.eval_dataset,

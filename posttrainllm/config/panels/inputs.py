@@ -8,6 +8,7 @@ from posttrainllm.config.checks import (
     TRAINING,
     fraction_below_one,
     positive_int,
+    seed_range,
 )
 from posttrainllm.config.opt import PATH, Opt
 
@@ -63,6 +64,17 @@ INPUTS: tuple[Opt, ...] = (
         commands=TRAINING,
         check=fraction_below_one,
         metavar="FRACTION",
+        panel="Inputs",
+    ),
+    Opt(
+        name="eval_split_seed",
+        type=int,
+        default=0,
+        help="Seed of the rows --eval-split draws, apart from --seed: runs of different --seed are scored on the same "
+        "eval rows. Raw text (finetune, pretrain) always holds out its last blocks.",
+        commands=TRAINING,
+        check=seed_range,
+        metavar="N",
         panel="Inputs",
     ),
     Opt(

@@ -29,10 +29,10 @@ def test_eval_split_deterministic_and_disjoint(tmp_path):
     path = str(write_jsonl(tmp_path / "pc.jsonl", rows))
     a = D.prepare_sft(path, make_tokenizer(), eval_split=0.2, seed=1)
     b = D.prepare_sft(path, make_tokenizer(), eval_split=0.2, seed=1)
-    c = D.prepare_sft(path, make_tokenizer(), eval_split=0.2, seed=2)
+    c = D.prepare_sft(path, make_tokenizer(), eval_split=0.2, seed=1, split_seed=5)
     assert (a.n_train, a.n_eval) == (40, 10) and len(a.train) == 40 and len(a.eval) == 10
     assert a.train.to_list() == b.train.to_list() and a.eval.to_list() == b.eval.to_list()
-    assert a.eval.to_list() != c.eval.to_list()
+    assert a.eval.to_list() != c.eval.to_list()  # the split seed draws the rows
     train_p, eval_p = set(a.train["prompt"]), set(a.eval["prompt"])
     assert not train_p & eval_p and len(train_p | eval_p) == 50
     # tiny fraction still gives one eval row
@@ -42,6 +42,46 @@ def test_eval_split_deterministic_and_disjoint(tmp_path):
     one = str(write_jsonl(tmp_path / "one.jsonl", rows[:1]))
     with pytest.raises(DataError, match="too few"):
         D.prepare_sft(one, make_tokenizer(), eval_split=0.5)
+
+
+@pytest.mark.parametrize("prepare", ["prepare_sft", "prepare_dpo", "prepare_kto", "prepare_prompts"])
+def test_the_eval_rows_do_not_depend_on_the_run_seed(prepare, tmp_path):
+    """Runs of several seeds are scored on one eval set: --seed does not draw the eval rows, --eval-split-seed does."""
+    rows = [
+        {"prompt": f"p{i}", "completion": f"c{i}", "chosen": f"y{i}", "rejected": f"n{i}", "label": i % 2 == 0}
+        for i in range(40)
+    ]
+    if prepare == "prepare_dpo":
+        rows = [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows]
+    elif prepare in ("prepare_sft", "prepare_prompts"):
+        rows = [{k: r[k] for k in ("prompt", "completion")} for r in rows]
+    else:
+        rows = [{k: r[k] for k in ("prompt", "completion", "label")} for r in rows]
+    path = str(write_jsonl(tmp_path / "rows.jsonl", rows))
+    fn = getattr(D, prepare)
+
+    def eval_prompts(**kw):
+        return sorted(fn(path, make_tokenizer(), eval_split=0.25, **kw).eval["prompt"])
+
+    one, two = eval_prompts(seed=1), eval_prompts(seed=2)
+    assert one == two and len(one) == 10
+    assert eval_prompts(seed=1, split_seed=3) != one
+
+
+def test_the_pipeline_draws_the_eval_rows_with_eval_split_seed(tmp_path):
+    """The run's config reaches the split: --seed 1 and --seed 2 share the rows, another --eval-split-seed does not."""
+    from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.data.pipeline import prepare
+
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(40)]
+    path = str(write_jsonl(tmp_path / "rows.jsonl", rows))
+
+    def eval_prompts(**kw):
+        cfg = RunConfig(command="sft", dataset=path, eval_split=0.25, train_on_prompt=True, **kw)
+        return sorted(prepare(cfg, make_tokenizer(), "sft").eval["prompt"])
+
+    assert eval_prompts(seed=1) == eval_prompts(seed=2)
+    assert eval_prompts(seed=1, eval_split_seed=7) != eval_prompts(seed=1)
 
 
 def test_eval_source_and_max_samples(tmp_path, tokenizer):

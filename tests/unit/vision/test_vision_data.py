@@ -21,7 +21,7 @@ def processor():
 
 def run_config(dataset, **overrides):
     base = dict(command="sft", model="m", dataset=str(dataset), eval_dataset=None, eval_split=0.0, max_samples=None,
-                seed=0, dataset_num_proc=None, train_on_prompt=False)  # fmt: skip
+                seed=0, eval_split_seed=0, dataset_num_proc=None, train_on_prompt=False)  # fmt: skip
     return SimpleNamespace(**{**base, **overrides})
 
 
