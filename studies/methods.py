@@ -5,6 +5,7 @@
     python studies/methods.py --seeds 2 --heldout-offset 40000    # an independent replication: other seed, texts
     python studies/methods.py --only kl,llrd0.9      # a subset of the methods (names as in METHODS)
     python studies/methods.py --setting shakespeare  # regime.py's Shakespeare setting (out: methods-shakespeare/)
+    python studies/methods.py --domain my_text.txt --lrs 3e-5,1e-4,3e-4   # a domain of yours (out: methods-my_text/)
 
 The default setting is regime.py's `code` one (`posttrainllm finetune` on the stdlib modules up to typing.py,
 240 steps of batch 4 x 192 tokens from the healed base, the same arguments), run first by `studies/regime.py`, whose
@@ -27,6 +28,11 @@ log-perplexity of a 32k-character slice of the held-out stdlib modules; forgetti
 per-token KL(healed || model) on held-out documentation prose and Shakespeare (--heldout-chars each, fixed files, the
 same for every seed), and the change of the Alpaca completion loss (the last 99 examples: instruction following).
 Results: studies/out/methods/ (not committed); tables and docs/methods_frontier.png go into docs/results.md by hand.
+
+--domain FILE runs the comparison on a text of your own: `finetune` on its first 90% (by characters), in-domain
+eval on 32,000 characters from the start of its last 10%, forgetting on code, prose, Shakespeare and Alpaca (pick a
+domain unlike all of them); every method at every --lrs (flat first), the flat and llrd0.9 cells merged. The healed
+base is made first if regime.py has not made it.
 """
 
 from __future__ import annotations
@@ -42,10 +48,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "studies"))
 
-from common import cli, machine, splits  # noqa: E402
-from regime import COMMON, HEAL_CHARS  # noqa: E402
+from common import cli, machine, smollm2_paths, splits  # noqa: E402
+from regime import COMMON, HEAL_CHARS, heal  # noqa: E402
 from regime import OUT as REGIME_OUT  # noqa: E402
 from regime import evaluate as regime_evaluate  # noqa: E402
+from regime import prepare_data as regime_data  # noqa: E402
 
 OUT = ROOT / "studies" / "out" / "methods"
 STEPS = 240
@@ -57,14 +64,19 @@ SETTINGS = {
     "code": ("code_train", "code_eval", ("prose", "shakespeare"), ("shakespeare", "alpaca")),
     "shakespeare": ("shakespeare_train", "shakespeare_eval", ("code", "prose"), ("code", "prose", "alpaca")),
 }
-SETTING = "code"  # set by --setting
+DOMAIN = ("domain_train", "domain_eval", ("code", "prose", "shakespeare"), ("code", "prose", "shakespeare", "alpaca"))
+DOMAIN_LRS = "3e-5,1e-4,3e-4"
+DOMAIN_EVAL_CHARS = 32_000
+SETTING = "code"  # set by --setting or --domain
+DOMAIN_FILE: Path | None = None
 TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = SETTINGS[SETTING]
 
 
-def use_setting(name: str) -> None:
-    global SETTING, TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET  # noqa: PLW0603 (one setting per process)
-    SETTING = name
-    TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = SETTINGS[name]
+def use_setting(name: str, domain: Path | None = None) -> None:
+    """The setting of this process: one of SETTINGS, or (`domain`) a text file of the user's named `name`."""
+    global SETTING, TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET, DOMAIN_FILE  # noqa: PLW0603 (one setting per process)
+    SETTING, DOMAIN_FILE = name, domain
+    TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = DOMAIN if domain else SETTINGS[name]
 
 
 MERGE_ALPHAS = "0.5,0.75"
@@ -106,27 +118,47 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
         # replayed prose: documentation the base saw in kind, after the healing slice, no held-out document
         "replay": sp["docs_train"][HEAL_CHARS : HEAL_CHARS + REPLAY_CHARS],
     }
+    if DOMAIN_FILE is not None:  # the first 90% to train on, the start of the last 10% as the in-domain eval
+        text = DOMAIN_FILE.read_text(encoding="utf-8")
+        cut = int(len(text) * 0.9)
+        texts["domain_train"], texts["domain_eval"] = text[:cut], text[cut : cut + DOMAIN_EVAL_CHARS]
+    else:
+        texts[TRAIN_TEXT] = sp[TRAIN_TEXT]
     files = {}
     for key, text in texts.items():
         files[key] = out / f"{key}.txt"
         files[key].write_text(text, encoding="utf-8")
     files["alpaca_val"] = out / "alpaca_val.json"
     files["alpaca_val"].write_text(json.dumps(sp["alpaca_val"]))
-    files[TRAIN_TEXT] = out / f"{TRAIN_TEXT}.txt"
-    files[TRAIN_TEXT].write_text(sp[TRAIN_TEXT], encoding="utf-8")
     # the training run's own eval set: the same file as regime.py's setting, so that its flat runs are reusable
-    files["regime_eval"] = REGIME_OUT / "data" / f"{SETTING}_eval.txt"
+    files["regime_eval"] = files["domain_eval"] if DOMAIN_FILE else REGIME_OUT / "data" / f"{SETTING}_eval.txt"
     return files
 
 
 def cells(seeds: list[int], only: list[str] | None, lrs: list[str] | None = None) -> list[dict]:
-    """The cells of `seeds` (all methods, or `only` those), each at its LRs (or only at those in `lrs`)."""
+    """The cells of `seeds` (all methods, or `only` those), each at its LRs (or only at those in `lrs`); with a
+    --domain, every method at every LR of `lrs` (default DOMAIN_LRS), flat first."""
+    if DOMAIN_FILE is not None:
+        return [
+            dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=METHODS[m])
+            for seed in seeds
+            for m in METHODS
+            if only is None or m in only
+            for lr in lrs or DOMAIN_LRS.split(",")
+        ]
     return [
         dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=METHODS[m])
         for seed in seeds
         for m, lr in ORDER
         if (only is None or m in only) and (lrs is None or lr in lrs)
     ]
+
+
+def merged(cell: dict) -> bool:
+    """Whether a trained cell is merged back toward the base: MERGED's, or with a --domain every flat and llrd0.9."""
+    if DOMAIN_FILE is not None:
+        return cell["method"] in ("flat", "llrd0.9")
+    return (cell["method"], cell["lr"]) in MERGED
 
 
 def _regime_run(cell: dict) -> Path:
@@ -196,13 +228,16 @@ def _point(name: str, res: dict, base: dict, wall: str) -> dict:
     p["alpaca"] = 100 * (math.exp(res["sft"]["loss"] - base["sft"]["loss"]) - 1)
     p["forget"] = sum(p[k] for k in FORGET) / len(FORGET)
     p["kl"] = sum(p[f"kl_{k}"] for k in HELD_OUT) / len(HELD_OUT)
+    # knob: what moves a point along its family's curve (a merge's alpha, a trained cell's LR)
     if name.startswith("merge-"):  # merge-KIND-aALPHA-CELL
-        kind, _, cell = name[len("merge-") :].split("-", 2)
+        kind, alpha, cell = name[len("merge-") :].split("-", 2)
         p["family"], p["seed"] = f"merge {kind} of {cell.rsplit('-s', 1)[0]}", cell.rsplit("-s", 1)[1]
+        p["knob"] = float(alpha[1:])
     elif name == "healed base":
-        p["family"], p["seed"] = "base", ""
+        p["family"], p["seed"], p["knob"] = "base", "", 0.0
     else:
         p["family"], p["seed"] = name.split("-lr")[0], name.rsplit("-s", 1)[1]
+        p["knob"] = float(name.split("-lr", 1)[1].rsplit("-s", 1)[0])
     return p
 
 
@@ -242,12 +277,12 @@ def table(pts: list[dict]) -> str:
 
 def _best_at_most(family: list[dict], x: float) -> dict | None:
     """The least-forgetting point of a family whose in-domain NLL is at most x: its points, and where two
-    consecutive points (sorted by in-domain NLL) straddle x, the point interpolated at x. None: the family never
-    reaches x."""
-    fam = sorted(family, key=lambda p: p["ind"])
+    neighbours along the family's knob (LR, or a merge's alpha) straddle x, the point interpolated linearly between
+    them at x. None: the family never reaches x."""
+    fam = sorted(family, key=lambda p: p["knob"])
     cands = [p for p in fam if p["ind"] <= x + 1e-9]
     for a, b in zip(fam, fam[1:]):
-        if a["ind"] < x < b["ind"]:
+        if min(a["ind"], b["ind"]) < x < max(a["ind"], b["ind"]):
             t = (x - a["ind"]) / (b["ind"] - a["ind"])
             mid = {k: a[k] + t * (b[k] - a[k]) for k in (*HELD_OUT, "alpaca", "forget", "kl", "ind")}
             cands.append({**mid, "name": f"between {a['name']} and {b['name']}"})
@@ -262,14 +297,7 @@ def matched(pts: list[dict], seed: str = "1") -> str:
     if not flat:
         return "(no flat run yet)"
     tuned = min(flat, key=lambda p: p["ind"])
-    fams: dict[str, list[dict]] = {}
-    for p in pts:
-        if p["seed"] == seed:
-            fams.setdefault(p["family"], []).append(p)
-    for fam, members in fams.items():
-        if fam.startswith("merge "):  # the trained cell is the merge at alpha 1
-            src = fam.split(" of ", 1)[1] + f"-s{seed}"
-            members += [p for p in pts if p["name"] == src]
+    fams = _families(pts, seed)
     lines = [f"At in-domain NLL at most the tuned flat run's, {tuned['ind']:.4f} ({tuned['name']}), seed {seed}: "
              "each method's least-forgetting point", "",
              "| method | point | in-domain NLL | " + " | ".join(f"{k} PPL" for k in HELD_OUT)
@@ -284,6 +312,42 @@ def matched(pts: list[dict], seed: str = "1") -> str:
             continue
         vals = " | ".join(f"{best[k]:+.2f}%" for k in (*HELD_OUT, "alpaca", "forget"))
         lines.append(f"| {fam} | {best['name']} | {best['ind']:.4f} | {vals} | {best['kl']:.4f} |")
+    return "\n".join(lines)
+
+
+KEPT = (1.0, 0.95, 0.9, 0.85)  # shares of the tuned flat run's in-domain gain over the base, for at_gains()
+
+
+def _families(pts: list[dict], seed: str) -> dict[str, list[dict]]:
+    """A seed's points by family; a merge family also holds its trained cell (the merge at alpha 1)."""
+    fams: dict[str, list[dict]] = {}
+    for p in pts:
+        if p["seed"] == seed:
+            fams.setdefault(p["family"], []).append(p)
+    for fam, members in fams.items():
+        if fam.startswith("merge "):  # the trained cell is the merge at alpha 1
+            members += [{**p, "knob": 1.0} for p in pts if p["name"] == fam.split(" of ", 1)[1] + f"-s{seed}"]
+    return fams
+
+
+def at_gains(pts: list[dict], seed: str = "1") -> str:
+    """Each family's least forgetting at in-domain NLL no worse than the level that keeps KEPT shares of the tuned
+    flat run's in-domain gain over the healed base (interpolated between a family's points that straddle it)."""
+    flat = [p for p in pts if p["family"] == "flat" and p["seed"] == seed]
+    base = [p for p in pts if p["family"] == "base"]
+    if not flat or not base:
+        return "(no flat run yet)"
+    tuned = min(flat, key=lambda p: p["ind"])
+    levels = [tuned["ind"] + (1 - k) * (base[0]["ind"] - tuned["ind"]) for k in KEPT]
+    head = " | ".join(f"{100 * k:.0f}% kept (NLL ≤ {x:.4f})" for k, x in zip(KEPT, levels))
+    lines = [f"Seed {seed}: each method's least forgetting (mean of {', '.join(FORGET)}) at in-domain NLL that keeps a "
+             f"share of the tuned flat run's gain ({tuned['name']}, {tuned['ind']:.4f}; base {base[0]['ind']:.4f})", "",
+             f"| method | {head} |", "|---|" + "---|" * len(KEPT)]  # fmt: skip
+    for fam, members in sorted(_families(pts, seed).items()):
+        if fam != "base":
+            best = [_best_at_most(members, x) for x in levels]
+            cols = " | ".join("not reached" if b is None else f"{b['forget']:+.1f}%" for b in best)
+            lines.append(f"| {fam} | {cols} |")
     return "\n".join(lines)
 
 
@@ -316,7 +380,7 @@ def report(out: Path) -> str:
     if not pts:
         return "(no healed evaluation yet)"
     seeds = sorted({p["seed"] for p in pts if p["seed"]})
-    return "\n\n".join([table(pts), *(matched(pts, s) for s in seeds)])
+    return "\n\n".join([table(pts), *(matched(pts, s) for s in seeds), *(at_gains(pts, s) for s in seeds)])
 
 
 def main() -> None:
@@ -328,18 +392,23 @@ def main() -> None:
     ap.add_argument("--heldout-chars", type=int, default=20_000)
     ap.add_argument("--heldout-offset", type=int, default=0)
     ap.add_argument("--setting", choices=sorted(SETTINGS), default="code", help="regime.py's setting to compare in")
+    ap.add_argument("--domain", type=Path, default=None, help="a text file of yours to compare in (module docstring)")
     ap.add_argument("--out", type=Path, default=None, help=f"default: {OUT} (code), {OUT}-SETTING (others)")
     ap.add_argument("--merge-kinds", default="uniform,depth", help="the merges made of each MERGED cell")
     ap.add_argument("--plot", type=Path, default=None, help="write the frontier plot here (a PNG)")
     args = ap.parse_args()
-    use_setting(args.setting)
+    if args.domain is not None and not args.domain.is_file():
+        ap.error(f"--domain {args.domain}: no such file")
+    use_setting(args.domain.stem if args.domain else args.setting, args.domain)
     out: Path = args.out or (OUT if SETTING == "code" else OUT.with_name(f"methods-{SETTING}"))
     only = args.only.split(",") if args.only else None
     todo = cells([int(s) for s in args.seeds.split(",")], only, args.lrs.split(",") if args.lrs else None)
     if args.phase == "all":
         healed = REGIME_OUT / "healed"
-        if not (healed / "training_complete.json").is_file():
+        if not (healed / "training_complete.json").is_file() and DOMAIN_FILE is None:
             sys.exit("run studies/regime.py first (it heals the base and trains the flat cells)")
+        if not (healed / "training_complete.json").is_file():  # a domain of the user's: heal as regime.py does
+            heal(regime_data(REGIME_OUT / "data", 8_000, 0), smollm2_paths()[0], REGIME_OUT, 40)
         files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
         (out / "meta.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv}, indent=2))
         evaluate("healed", healed, healed, files, out)
@@ -348,7 +417,7 @@ def main() -> None:
             try:
                 run_dir = train(cell, files, healed, out)
                 evaluate(cell["name"], run_dir, healed, files, out)
-                if (cell["method"], cell["lr"]) in MERGED:
+                if merged(cell):
                     merges(cell, run_dir, healed, files, out, tuple(args.merge_kinds.split(",")))
             except RuntimeError as err:  # one failed cell (its log says why) does not stop the others
                 print(f"  FAILED {cell['name']}: {err}", flush=True)
