@@ -18,7 +18,7 @@ method is one extra group of CLI arguments on that run (the same in --setting sh
   replay5      --replay-dataset (documentation prose the base saw, disjoint from every held-out text) at 5%
   replay25     the same at 25%
   kl           --kl-to-base 0.5 (the LM loss plus 0.5 x the per-token KL to the starting model)
-  selfreplay   --self-replay 128 at --replay-ratio 0.25 (samples of the starting model, no replay data needed)
+  selfreplay   --self-replay 256 at --replay-ratio 0.25 (samples of the starting model, no replay data needed)
   (each method at flat's best LR, 3e-5, and the anchoring ones at 1e-4 too: ORDER lists the cells)
   merges       no training: `posttrainllm merge` of a trained cell toward the healed base, uniform (WiSE-FT,
                alpha 0.5 and 0.75) and depth-scaled (--llrd 0.9 with alpha 1: layer decay after training)
@@ -90,7 +90,7 @@ METHODS: dict[str, list[str]] = {
     "llrd0.97": ["--llrd", "0.97"],
     "replay25": ["--replay-ratio", "0.25", "--replay-dataset", "{replay}"],
     "replay5": ["--replay-ratio", "0.05", "--replay-dataset", "{replay}"],
-    "selfreplay": ["--self-replay", "128", "--replay-ratio", "0.25"],
+    "selfreplay": ["--self-replay", "256", "--replay-ratio", "0.25"],
 }
 # the cells, most informative first: the flat grid (3e-5 was flat's best in-domain LR at 240 steps, so 1e-5 brackets
 # it), each method at flat's best LR, then at 1e-4 where the anchoring methods have room to reach flat's in-domain loss
