@@ -15,6 +15,8 @@ from posttrainllm.config.recipe import BUNDLED_DIR, bundled_recipes
 
 runner = CliRunner()
 RECIPES = list(bundled_recipes().values())
+TRAINING_RECIPES = [p for p in RECIPES if not p.read_text().startswith("# posttrainllm merge ")]
+MERGE_RECIPES = [p for p in RECIPES if p not in TRAINING_RECIPES]
 
 
 def recipe_command(path: Path) -> str:
@@ -35,12 +37,17 @@ def test_there_are_curated_recipes_for_each_kind():
 def test_recipe_keys_are_valid(recipe):
     import yaml
 
-    cfg = resolve(recipe_command(recipe), {"recipe": str(recipe)})
+    keys = set(yaml.safe_load(recipe.read_text()))
+    # a recipe may leave the user's own inputs to the command line (e.g. smollm2-finetune: --dataset YOUR_TEXT)
+    stand_ins = {"model": "m", "dataset": str(recipe), "output_dir": "o"}  # dataset: a file that exists
+    cfg = resolve(
+        recipe_command(recipe), {"recipe": str(recipe), **{k: v for k, v in stand_ins.items() if k not in keys}}
+    )
     assert {k for k, src in cfg.sources.items() if src == "recipe"} == set(yaml.safe_load(recipe.read_text()))
 
 
 @pytest.mark.smoke
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", TRAINING_RECIPES, ids=lambda p: p.name)
 def test_recipe_dry_run_with_local_stand_ins(
     recipe,
     tiny_model_dir,
@@ -71,6 +78,18 @@ def test_recipe_dry_run_with_local_stand_ins(
     import yaml
 
     assert saved["llrd"] == yaml.safe_load(recipe.read_text()).get("llrd", 1.0)  # every command's recipe key
+
+
+@pytest.mark.parametrize("recipe", MERGE_RECIPES, ids=lambda p: p.name)
+def test_a_merge_recipe_merges_local_stand_ins_at_each_of_its_alphas(recipe, tiny_model_dir, tmp_path):
+    import yaml
+
+    alphas = yaml.safe_load(recipe.read_text())["alpha"]
+    out = tmp_path / "merged"
+    r = runner.invoke(app, ["merge", "--recipe", recipe.stem, "--base", str(tiny_model_dir), "--model",
+                            str(tiny_model_dir), "--output-dir", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert len(alphas) > 1 and sorted(p.name for p in out.glob("alpha-*")) == [f"alpha-{a}" for a in alphas]
 
 
 def test_cli_overrides_recipe_which_overrides_defaults(tmp_path):
