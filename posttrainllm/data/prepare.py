@@ -274,20 +274,8 @@ def prepare_dpo(
     Pairs whose chosen equals rejected, or whose chosen or rejected is empty, are dropped and counted.
     Same chat-template rule, max_samples, eval, num_proc and streaming options as `prepare_sft`.
     """
-    return _prepare_pairs(
-        "dpo",
-        source,
-        tokenizer,
-        eval_split,
-        eval_source,
-        seed,
-        split_seed,
-        max_samples,
-        None,
-        num_proc,
-        streaming,
-        stream_rows,
-    )
+    return _prepare_pairs("dpo", source, tokenizer, eval_split, eval_source, seed, split_seed, max_samples, None,
+        num_proc, streaming, stream_rows)  # fmt: skip
 
 
 def prepare_kto(
@@ -306,20 +294,8 @@ def prepare_kto(
     """Read `source` and convert it to KTOTrainer rows: {"prompt", "completion", "label"} (strings or message lists;
     label True for a desirable completion). Rows with an empty completion, a null text or a null label are dropped
     and counted; `desirable` counts the train rows labelled True. Options as `prepare_dpo`."""
-    prepared = _prepare_pairs(
-        "kto",
-        source,
-        tokenizer,
-        eval_split,
-        eval_source,
-        seed,
-        split_seed,
-        max_samples,
-        None,
-        num_proc,
-        streaming,
-        stream_rows,
-    )
+    prepared = _prepare_pairs("kto", source, tokenizer, eval_split, eval_source, seed, split_seed, max_samples, None,
+        num_proc, streaming, stream_rows)  # fmt: skip
     if not streaming:
         prepared.desirable = sum(1 for label in prepared.train["label"] if label)
     return prepared
