@@ -358,18 +358,21 @@ def plot(pts: list[dict], dest: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(9, 6))
     fams: dict[str, list[dict]] = {}
     for p in pts:
         fams.setdefault(p["family"], []).append(p)
-    for fam, members in sorted(fams.items()):
-        members.sort(key=lambda p: p["ind"])
-        style = "--" if fam.startswith("merge") else "-"
-        ax.plot([p["ind"] for p in members], [p["forget"] for p in members], style, marker="o", label=fam)
+    colours = plt.get_cmap("tab20").colors
+    for i, (fam, members) in enumerate(sorted(fams.items())):
+        for seed in sorted({p["seed"] for p in members}):  # one curve per seed, along the family's knob
+            curve = sorted((p for p in members if p["seed"] == seed), key=lambda p: p["knob"])
+            ax.plot([p["ind"] for p in curve], [p["forget"] for p in curve], "--" if fam.startswith("merge") else "-",
+                    marker="os^Dv<>"[i % 7], color=colours[i % 20], mfc="none" if seed == "2" else colours[i % 20],
+                    label=fam if seed == min(q["seed"] for q in members) else None)  # fmt: skip
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xlabel(f"in-domain NLL ({SETTING}; lower is better)")
     ax.set_ylabel(f"forgetting: mean PPL change vs healed base, % ({', '.join(FORGET)})")
-    ax.set_title(f"SmolLM2-135M-Instruct, finetune on {SETTING}, 240 steps: every method")
+    ax.set_title(f"SmolLM2-135M-Instruct, finetune on {SETTING}, 240 steps: every method (hollow: seed 2)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(dest, dpi=110)
