@@ -182,8 +182,8 @@ for _spec in SPECS.values():
     _register(_spec.name, _spec.help, _main_of(_spec.name))
 
 
-SWEEP_HELP = """Choose γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every cell of a grid and
-recommend a cell.
+SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every
+cell of a grid, merge each trained cell back toward the base, and recommend a point of the frontier.
 
 \b
   posttrainllm sweep sft --model M --dataset D --eval-split 0.1 --ood-eval FILE [--ood-eval FILE2]
@@ -194,7 +194,11 @@ recommend a cell.
 Sweep options (comma-separated lists):
   --llrd G1,G2,...          layer-decay γ values (1.0 = flat) [default: 1.0]
   --lr LR1,LR2,...          base learning rates [required]
-  --replay-ratio R1,...     replay ratios (0 = no replay; needs --replay-dataset) [default: 0]
+  --replay-ratio R1,...     replay ratios (0 = no replay; needs --replay-dataset or --self-replay) [default: 0]
+  --kl-to-base B1,...       KL-anchor weights β (0 = none; sft, finetune) [default: 0]
+  --self-replay N1,...      self-replay sample counts (0 = none; with --replay-ratio; sft, finetune) [default: 0]
+  --merge-alpha A1,...      merge every trained cell back toward the base at these α (needs --eval-dataset)
+  --merge-llrd G1,...       depth-scaled merges at these γ as well (1.0 = uniform)
   --seeds S1,S2,...         seeds; cells are averaged over them [default: 0]
   --jobs N                  cells run in parallel (CPU: threads split; GPUs: one per job) [default: 1]
   --max-forgetting PCT      forgetting budget of the recommendation, in % [default: 5]
