@@ -104,8 +104,8 @@ def main() -> None:
 
     from posttrainllm import evaluate as ev
 
-    base = _Counted(ev.load_for_eval(a.base)[0])
-    tok = ev.load_for_eval(a.base)[1]
+    base_model, tok = ev.load_for_eval(a.base)
+    base = _Counted(base_model)
     models = [ev.load_for_eval(m)[0] for m in a.models.split(",")]
     sp = _splits()
     tmp = Path(tempfile.mkdtemp(prefix="sweep-eval-"))

@@ -183,7 +183,8 @@ for _spec in SPECS.values():
 
 
 SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every
-cell of a grid, merge each trained cell back toward the base, and recommend a point of the frontier.
+cell of a grid (with --merge-alpha, merge each trained cell back toward the base), and recommend a point of the
+frontier.
 
 \b
   posttrainllm sweep sft --model M --dataset D --eval-split 0.1 --ood-eval FILE [--ood-eval FILE2]

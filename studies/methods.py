@@ -139,18 +139,14 @@ def cells(seeds: list[int], only: list[str] | None, lrs: list[str] | None = None
     """The cells of `seeds` (all methods, or `only` those), each at its LRs (or only at those in `lrs`); with a
     --domain, every method at every LR of `lrs` (default DOMAIN_LRS), flat first."""
     if DOMAIN_FILE is not None:
-        return [
-            dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=METHODS[m])
-            for seed in seeds
-            for m in METHODS
-            if only is None or m in only
-            for lr in lrs or DOMAIN_LRS.split(",")
-        ]
+        pairs = [(m, lr) for m in METHODS for lr in lrs or DOMAIN_LRS.split(",")]
+    else:
+        pairs = [(m, lr) for m, lr in ORDER if lrs is None or lr in lrs]
     return [
         dict(name=f"{m}-lr{lr}-s{seed}", method=m, lr=lr, seed=seed, extra=METHODS[m])
         for seed in seeds
-        for m, lr in ORDER
-        if (only is None or m in only) and (lrs is None or lr in lrs)
+        for m, lr in pairs
+        if only is None or m in only
     ]
 
 
