@@ -101,17 +101,29 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# the numbers a point may report; a point missing one that the frontier measured is never on it
+MEASURES = ("eval_loss", "kl", "ppl_change_pct")
+
+
 def _mark_frontier(points: list[dict]) -> None:
-    """A point is on the frontier when no other point is at least as good on both the eval loss and the
-    forgetting (KL to the base, else the held-out perplexity change) and better on one."""
-
-    def key(p):
-        f = p["kl"] if p["kl"] is not None else p["ppl_change_pct"]
-        return (p["eval_loss"] if p["eval_loss"] is not None else 0.0, f if f is not None else 0.0)
-
+    """A point is on the frontier when it has every number the frontier measured (a measure is measured when some
+    point has it; None, NaN and ±inf are missing) and no other such point is at least as good on both the eval loss
+    and the forgetting (the KL to the base when measured, else the held-out perplexity change) and better on one.
+    A point missing a number is never on the frontier and pushes no other point off it; when nothing was measured,
+    no point is on it."""
+    measured = [m for m in MEASURES if any(_number(p.get(m)) for p in points)]
+    axes = [m for m in measured if m == "eval_loss"]
+    axes += [m for m in ("kl", "ppl_change_pct") if m in measured][:1]
+    complete = [p for p in points if measured and all(_number(p.get(m)) for m in measured)]
+    keys = [tuple(p[m] for m in axes) for p in complete]
     for p in points:
-        a = key(p)
-        p["frontier"] = not any(key(q) != a and key(q)[0] <= a[0] and key(q)[1] <= a[1] for q in points)
+        p["frontier"] = False
+    for p, a in zip(complete, keys):
+        p["frontier"] = not any(b != a and all(x <= y for x, y in zip(b, a)) for b in keys)
 
 
 def _cache_args(cfg: RunConfig, base_dir, base_model, texts: list[str], precision: str) -> dict | None:
