@@ -208,4 +208,8 @@ def _replay_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("--replay-ratio needs --replay-dataset or --self-replay N")
     elif (v.get("replay_dataset") or n) and not v.get("replay_ratio"):
         problems.append(f"{'--self-replay' if n else '--replay-dataset'} needs --replay-ratio > 0")
+    elif n:  # no more samples than the run trains on (the sweep's cells are resolved here too)
+        from posttrainllm.data.self_replay import count_problems
+
+        problems += count_problems(command, v)
     return problems

@@ -54,6 +54,8 @@ def prepare(
         prepared = data.prepare_prompts(cfg.dataset, tokenizer, **common)
     else:
         prepared = data.prepare_text(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
+    if getattr(cfg, "self_replay", 0) and not cfg.streaming:  # before the sampling model loads
+        self_replay.check_pool(cfg, prepared.n_train, blocks=shape == "text")
     if _self_replay_on(cfg):
         sr = self_replay.obtain(
             cfg, tokenizer, chat=shape == "sft" and prepared.conversational, model_identity=model_identity,

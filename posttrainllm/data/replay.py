@@ -103,6 +103,12 @@ def _replay_rows(train, replay, chunk_chars: int, streaming: bool):
     return pieces, _Shape(kind, cols)
 
 
+def replay_rows(n_train: int, ratio: float) -> int:
+    """The replay rows `mix_replay` appends to `n_train` training rows (a dataset) at `ratio`: round(ratio * n /
+    (1 - ratio)), at least 1. E.g. 24 rows at 0.25: 8."""
+    return max(1, round(ratio * n_train / (1.0 - ratio)))
+
+
 def mix_replay(train, replay, ratio: float, seed: int, *, chunk_chars: int = 2000):
     """Mix "replay" rows into the train rows so that a fraction `ratio` of the rows are replay rows.
 
@@ -142,7 +148,7 @@ def mix_replay(train, replay, ratio: float, seed: int, *, chunk_chars: int = 200
     pool, shape = prepared if isinstance(prepared, tuple) else (prepared, None)
     if pool.num_rows == 0:
         raise DataError("the replay dataset holds no rows")
-    k = max(1, round(ratio * train.num_rows / (1.0 - ratio)))
+    k = replay_rows(train.num_rows, ratio)
     m = pool.num_rows
     idx = np.random.default_rng(seed).permutation(np.resize(np.arange(m), max(k, m)))[:k]
     picked = pool.select(idx)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -33,7 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import DataError, UsageError
-from ..rundir.layout import RUN_CONFIG, SELF_REPLAY, SELF_REPLAY_SETTINGS, is_rank0, sha256, write_json
+from ..rundir.layout import (
+    RUN_CONFIG,
+    SELF_REPLAY,
+    SELF_REPLAY_SETTINGS,
+    is_rank0,
+    sha256,
+    world_size,
+    write_json,
+)
+from .replay import replay_rows
 
 TEMPERATURE = 1.0
 RECORD = "self_replay_samples"  # run_config.json's record of the samples (their settings and SHA-256)
@@ -84,6 +94,64 @@ class SelfReplay:
         return (
             f"{len(self.texts)} samples of the starting model ({prompt}, temperature {TEMPERATURE:g}, at most "
             f"{self.settings['max_length']} tokens; {how})"
+        )
+
+
+# --------------------------------------------------------------------------------- how many samples a run uses
+def _per_row(command: str, packing: bool, max_length: int | None) -> tuple[int, str]:
+    """Samples one replay row can hold, and the words for it: one (an sft row is one chunk of one sample); a token
+    block (finetune) or a packed sft row holds at most --max-length of them (a sample is at least one token)."""
+    if (command == "finetune" or packing) and max_length:
+        what = "blocks" if command == "finetune" else "packed rows"
+        return max_length, f"replay {what} of --max-length {max_length} tokens (a sample is at least one token)"
+    return 1, "replay rows (one sample each)"
+
+
+def count_problems(command: str, v: dict) -> list[str]:
+    """--self-replay N above the most samples the run can train on (one line each), from what is known before any
+    data or model is read: --max-steps × --batch-size × --grad-accum (× the processes) × --replay-ratio replay rows;
+    under --epochs, where the step count is not known yet, --max-samples bounds the sft rows (the rest is checked
+    once the data is read: `check_pool`). The one check the training commands and the sweep's cells both run."""
+    n, ratio = v.get("self_replay") or 0, v.get("replay_ratio") or 0.0
+    if n <= 0 or not 0.0 < ratio < 1.0 or command not in ("sft", "finetune"):
+        return []
+    per_row, what = _per_row(command, bool(v.get("packing")), v.get("max_length"))
+    steps, batch, accum = v.get("max_steps") or -1, v.get("batch_size") or 1, v.get("grad_accum") or 1
+    if steps > 0:
+        world = world_size()
+        procs = f" × {world} processes" if world > 1 else ""
+        rows = math.ceil(round(steps * batch * accum * world * ratio, 6))
+        how = f"--max-steps {steps} × --batch-size {batch} × --grad-accum {accum}{procs} × --replay-ratio {ratio:g}"
+        fix = "raise --max-steps or --replay-ratio"
+    elif command == "sft" and v.get("max_samples"):
+        rows = replay_rows(v["max_samples"], ratio)
+        how = (f"--epochs: the step count is known once the data is read; --max-samples {v['max_samples']} rows "
+               f"at --replay-ratio {ratio:g}")  # fmt: skip
+        fix = "raise --max-samples or --replay-ratio"
+    else:
+        return []
+    most = rows * per_row
+    if n <= most:
+        return []
+    return [f"--self-replay {n}: this run trains on at most {most} samples ({how} = {rows} {what}); give "
+            f"--self-replay {most} or fewer, or {fix}"]  # fmt: skip
+
+
+def check_pool(cfg: RunConfig, n_train: int | None, *, blocks: bool) -> None:
+    """--self-replay N above what the replay mix can hold, once the training rows are counted (before any model
+    loads): `n_train` rows at --replay-ratio take replay_rows(n, ratio) replay rows (posttrainllm/data/replay.py),
+    the same rows again each epoch, so no more samples than those rows hold are ever trained on. A UsageError."""
+    if not cfg.self_replay or n_train is None:
+        return
+    rows = replay_rows(n_train, cfg.replay_ratio)
+    per_row, what = _per_row("finetune" if blocks else "sft", cfg.packing and not blocks, cfg.max_length)
+    most = rows * per_row
+    if cfg.self_replay > most:
+        raise UsageError(
+            f"--self-replay {cfg.self_replay}: this run trains on at most {most} samples ({n_train} training "
+            f"{'blocks' if blocks else 'rows'} at "
+            f"--replay-ratio {cfg.replay_ratio:g} take {rows} {what}, the same ones every epoch); give "
+            f"--self-replay {most} or fewer, or raise --replay-ratio"
         )
 
 

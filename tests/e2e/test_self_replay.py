@@ -126,10 +126,12 @@ def _args(command, model, data, out, *extra):
         out,
         *extra,
         steps=1,
+        batch=4,
+        grad_accum=4,  # 1 step × 4 × 4 × 0.5 = 8 replay rows: room for the 7 samples of the tests
         max_length=48,
         lr=None,
         save_steps=1,
-        replay_ratio="0.25",
+        replay_ratio="0.5",
         self_replay_batch_size=3,
     )
 
@@ -287,3 +289,75 @@ def test_a_prompt_longer_than_max_length_exits_2_before_the_model_loads(tiny, tm
 
     with pytest.raises(UsageError, match=f"the prompt is {n_prompt} tokens"):
         SR.obtain(cfg, chat_tok, chat=True, model_identity=None, load_model=no_load)
+
+
+# ---------------------------------------------------------------------------- no more samples than the run trains on
+def _no_model_load(monkeypatch):
+    from posttrainllm import models
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+
+
+@pytest.mark.parametrize(
+    "command,most",
+    [("sft", 4), ("finetune", 4 * 64)],  # 2 steps × 8 × 1 × 0.25 = 4 replay rows; a block holds <= 64 samples
+)
+def test_more_samples_than_the_steps_train_on_exit_2_naming_the_usable_maximum(
+    command, most, tiny_model_dir, alpaca, tmp_path, monkeypatch
+):
+    _no_model_load(monkeypatch)
+    out = tmp_path / "o"
+    args = run_args(command, tiny_model_dir, alpaca, out, "--self-replay", "1000000000", steps=2, batch=8,
+                    replay_ratio="0.25")  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if "--self-replay 1000000000" in line]
+    assert len(lines) == 1 and f"at most {most} samples" in lines[0] and f"--self-replay {most} or fewer" in lines[0]
+    assert "--max-steps 2 × --batch-size 8 × --grad-accum 1 × --replay-ratio 0.25" in lines[0]
+    assert not out.exists()
+
+
+def test_the_usable_maximum_itself_is_accepted(alpaca, tmp_path):
+    from posttrainllm.config.argv import to_config
+    from posttrainllm.errors import ConfigErrors
+
+    base = ["--model", "m", "--dataset", str(alpaca), "--output-dir", str(tmp_path / "o")]
+    base += [
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "2",
+        "--replay-ratio",
+        "0.1",
+    ]  # 3 × 2 × 2 × 0.1 = 1.2: 2 replay rows
+    assert to_config("sft", [*base, "--self-replay", "2"]).self_replay == 2
+    with pytest.raises(ConfigErrors) as e:
+        to_config("sft", [*base, "--self-replay", "3"])
+    assert any("at most 2 samples" in p for p in e.value.problems)
+
+
+def test_under_epochs_the_training_rows_bound_the_samples_before_the_model_loads(
+    tiny_model_dir, alpaca, tmp_path, monkeypatch
+):
+    _no_model_load(monkeypatch)
+    out = tmp_path / "o"
+    args = run_args("sft", tiny_model_dir, alpaca, out, "--self-replay", "9", steps=None, replay_ratio="0.25")
+    r = runner.invoke(app, args)  # 24 rows at 0.25: 8 replay rows, the same ones each epoch
+    assert r.exit_code == 2, r.output
+    assert "--self-replay 9: this run trains on at most 8 samples (24 training rows" in " ".join(r.output.split())
+
+
+def test_a_sweep_refuses_more_samples_than_its_cells_train_on():
+    from posttrainllm.errors import ConfigErrors
+    from posttrainllm.sweep import parse
+
+    base = ["--model", "m", "--dataset", "d.jsonl", "--eval-split", "0.2", "--ood-eval", "o.txt", "--lr", "1e-4"]
+    base += ["--max-steps", "2", "--batch-size", "8", "--replay-ratio", "0.25"]
+    with pytest.raises(ConfigErrors) as e:
+        parse("sft", [*base, "--self-replay", "0,1000000000"])
+    assert any("--self-replay 1000000000" in p and "at most 4 samples" in p for p in e.value.problems)

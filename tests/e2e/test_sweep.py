@@ -305,17 +305,18 @@ def test_a_sweep_over_the_kl_anchor_and_self_replay_labels_each_method_and_skips
     tiny_model_dir, alpaca_file, ood_file, tmp_path
 ):
     out = tmp_path / "sweep"
+    # 3 steps × batch 4 × replay ratio 0.25: 3 replay rows, so at most 3 samples
     args = [
         "sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--eval-split", "0.25",
         "--ood-eval", str(ood_file), "--lr", "3e-3", "--max-steps", "3", "--batch-size", "4", "--max-length", "128",
-        "--output-dir", str(out), "--kl-to-base", "0,1", "--self-replay", "0,4", "--replay-ratio", "0,0.25",
+        "--output-dir", str(out), "--kl-to-base", "0,1", "--self-replay", "0,3", "--replay-ratio", "0,0.25",
     ]  # fmt: skip
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     result = json.loads((out / "results.json").read_text())
     assert not result["failed"] and len(result["cells"]) == 4
     methods = {row["method"] for row in result["summary"]}
-    assert methods == {"flat", "flat + KL β=1", "flat + self-replay 4 @0.25", "flat + self-replay 4 @0.25 + KL β=1"}
+    assert methods == {"flat", "flat + KL β=1", "flat + self-replay 3 @0.25", "flat + self-replay 3 @0.25 + KL β=1"}
     for c in result["cells"]:  # each cell ran with its own settings
         cfg = json.loads((out / "cells" / c["cell"] / "run_config.json").read_text())
         assert cfg["kl_to_base"] == c["kl_to_base"] and cfg["self_replay"] == c["self_replay"]
