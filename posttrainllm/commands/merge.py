@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from posttrainllm import __version__, banner
 from posttrainllm.commands.spec import CommandSpec
-from posttrainllm.errors import ConfigErrors, ModelStructureError, UsageError
+from posttrainllm.errors import ConfigErrors, ModelStructureError, UsageError, shorten
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -34,12 +34,30 @@ def config_problems(cfg: RunConfig) -> list[str]:
         problems.append(
             f"--llrd / --llrd-bottom-scale set the geometric schedule: not with --depth-schedule {cfg.depth_schedule}"
         )
-    alphas = list(cfg.alpha or [])
-    twice = sorted({a for a in alphas if alphas.count(a) > 1})
-    if twice:
-        problems.append(f"--alpha {', '.join(f'{a:g}' for a in twice)} given more than once")
+    problems += _alpha_problems(list(cfg.alpha or []))
     if cfg.discard_weights and not (cfg.eval_dataset or cfg.ood_eval):
         problems.append("--discard-weights keeps only measurements: give --eval-dataset and/or --ood-eval")
+    return problems
+
+
+def alpha_folder(alpha: float) -> str:
+    """The folder of one merge of several (its label in the results: alpha=A)."""
+    return f"alpha-{alpha:g}"
+
+
+def _alpha_problems(alphas: list[float]) -> list[str]:
+    """A value given twice, or two values that name one folder (alpha-A/ keeps 6 significant digits)."""
+    twice = sorted({a for a in alphas if alphas.count(a) > 1})
+    problems = [f"--alpha {', '.join(f'{a:g}' for a in twice)} given more than once"] if twice else []
+    by_folder: dict[str, list[float]] = {}
+    for a in dict.fromkeys(alphas):
+        by_folder.setdefault(alpha_folder(a), []).append(a)
+    for folder, values in by_folder.items():
+        if len(values) > 1:
+            problems.append(
+                f"--alpha {' and '.join(repr(v) for v in values)} both name {folder}/ (values are kept to 6 "
+                "significant digits): give values that differ within them"
+            )
     return problems
 
 
@@ -141,7 +159,11 @@ def _sources(cfg: RunConfig):
     src.check_output_dir(cfg.output_dir, [("--base", base), ("--model", tuned)])
     base_tensors = merging.SafetensorsSource(base.path)
     tuned_tensors = None
-    if not tuned.is_adapter:
+    if tuned.is_adapter:
+        from posttrainllm.merging.adapters import check_adapter
+
+        check_adapter(base, tuned, base_tensors)
+    else:
         tuned_tensors = merging.SafetensorsSource(tuned.path)
         mismatch = merging.first_mismatch(base_tensors, tuned_tensors)
         if mismatch is not None:
@@ -173,12 +195,12 @@ def main(cfg: RunConfig) -> None:
         records = {"base": src.source_record(base), "model": src.source_record(tuned)}
         out = Path(cfg.output_dir).expanduser()
         single = len(all_scales) == 1 and not cfg.discard_weights
-        targets = [out if single else out / f"alpha-{s.alpha:g}" for s in all_scales]
+        targets = [out if single else out / alpha_folder(s.alpha) for s in all_scales]
         run_dir.start()
-        run_dir.own(_top_names(targets, single, cfg, tuned_tensors))
-        for scales, target in zip(all_scales, targets):
-            _write_one(cfg, scales, gamma, target, base, tuned, base_tensors, tuned_tensors, records)
-            banner.console.print(_summary(scales, target))
+        names = _top_names(targets, single, cfg, tuned_tensors)
+        run_dir.own(names)
+        jobs = list(zip(all_scales, targets))
+        _write_all(cfg, jobs, gamma, (base, tuned, base_tensors, tuned_tensors), records, out, names)
         if measuring:
             from posttrainllm.merging import frontier
 
@@ -235,6 +257,46 @@ def _adapter_tensors(base, tuned, base_tensors, trust_remote_code: bool):
     if mismatch is not None:
         raise UsageError(f"--base and --model differ in their tensor {mismatch.what}: {mismatch}")
     return tensors
+
+
+def _write_all(cfg: RunConfig, jobs, gamma, sources, records: dict, out: Path, names: list[str]) -> None:
+    """Every merge of `jobs` ((scales, target) pairs) written. On any failure (a non-finite tensor, a full disk, an
+    interrupt) what this run wrote at the top of `out` (its recorded `names`) is removed: a merge cut short is never
+    left to be taken for one; a non-finite tensor becomes one line naming its file."""
+    from posttrainllm import merging
+
+    base, tuned, base_tensors, tuned_tensors = sources
+    try:
+        for scales, target in jobs:
+            _write_one(cfg, scales, gamma, target, base, tuned, base_tensors, tuned_tensors, records)
+            banner.console.print(_summary(scales, target))
+    except BaseException as e:
+        for name in names:
+            p = out / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.is_file() or p.is_symlink():
+                p.unlink(missing_ok=True)
+        if isinstance(e, merging.NonFiniteTensor):
+            raise _non_finite(e, sources) from None
+        raise
+
+
+def _non_finite(e, sources) -> UsageError:
+
+    base, tuned, base_tensors, tuned_tensors = sources
+    if e.side == "merged":
+        return UsageError(
+            f"merge: tensor {e.name} overflows when merged (--base and --model are finite there, but their difference "
+            "is not in its dtype); nothing was written; merge a float32 copy of both models"
+        )
+    flag, src, tensors = ("--base", base, base_tensors) if e.side == "base" else ("--model", tuned, tuned_tensors)
+    file = tensors.file_of(e.name)
+    where = f"in {file}" if file is not None else f"(the LoRA adapter merged into --base {shorten(base.ref)})"
+    return UsageError(
+        f"{flag} {shorten(src.ref)}: tensor {e.name} {where} holds NaN or infinite values, so no merge of it is a "
+        "model; nothing was written; pass a checkpoint with finite weights"
+    )
 
 
 def _write_one(cfg: RunConfig, scales, gamma, target: Path, base, tuned, base_tensors, tuned_tensors, records) -> None:

@@ -153,6 +153,10 @@ def key_values(raw: Any, *, numbers: bool) -> dict[str, Any]:
 _KIND = {bool: "true/false", list: "a list of strings", int: "an integer", float: "a number", str: "a string"}
 
 
+class _Empty(ValueError):
+    """A list option given only blanks (or commas)."""
+
+
 def _entries(opt: Opt, raw: Any) -> list:
     """A list option's value: one string or a list (of strings, or numbers), each string split at commas when the
     option is comma-separated, each entry as the option's entry type (str or float). ValueError when malformed."""
@@ -161,6 +165,8 @@ def _entries(opt: Opt, raw: Any) -> list:
         isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in items
     ):
         raise ValueError
+    if items and all(isinstance(x, str) and not x.replace("," if opt.split else "", "").strip() for x in items):
+        raise _Empty  # "", " ", "," : nothing given
     if opt.split:
         items = [part for x in items for part in ([p.strip() for p in x.split(",")] if isinstance(x, str) else [x])]
         if any(part == "" for part in items):
@@ -178,6 +184,9 @@ def option_value(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
         if opt.type is list:
             return _entries(opt, raw), None
         return convert(raw, opt.type), None
+    except _Empty:
+        where = f"{opt.cli_flag}" if origin == "cli" else f"recipe key '{opt.recipe_key}'"
+        return None, f"{where} is empty ({quote(raw)}): give a value ({opt.metavar or opt.recipe_key})"
     except (TypeError, ValueError):
         pass
     where = f"{opt.cli_flag}" if origin == "cli" else f"recipe key '{opt.recipe_key}'"

@@ -42,6 +42,7 @@ def _apply_recipe(command: str, path: str, opts: dict[str, Opt], values: dict, s
         v, problem = option_value(o, raw, "recipe")
         if problem:
             problems.append(f"recipe {shorten(path)}: {problem}")
+            sources[o.name] = "invalid"  # reported here: not "missing" as well
             continue
         values[o.name], sources[o.name] = v, "recipe"
     if unknown:
@@ -58,6 +59,7 @@ def _apply_cli(cli_values: dict[str, Any], opts: dict[str, Opt], values: dict, s
         v, problem = option_value(opts[key], raw, "cli")
         if problem:
             problems.append(problem)
+            sources[key] = "invalid"  # reported here: not "missing" as well
             continue
         values[key], sources[key] = v, "cli"
     return problems
@@ -82,7 +84,7 @@ def _checked(opts: dict[str, Opt], values: dict, sources: dict) -> list[str]:
     for name, o in opts.items():
         v = values.get(name)
         if v is None:
-            if o.required:
+            if o.required and sources[name] != "invalid":
                 problems.append(f"missing {o.cli_flag} (or recipe key '{o.recipe_key}')")
             continue
         if o.check is None or sources[name] == "default":

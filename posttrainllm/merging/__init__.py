@@ -16,7 +16,13 @@ written, so memory holds a few tensors, not the models. The command line is ``po
 (posttrainllm/commands/merge.py).
 """
 
-from posttrainllm.merging.interpolate import TensorMismatch, first_mismatch, interpolate, merge_streamed
+from posttrainllm.merging.interpolate import (
+    NonFiniteTensor,
+    TensorMismatch,
+    first_mismatch,
+    interpolate,
+    merge_streamed,
+)
 from posttrainllm.merging.scales import SCHEDULES, MergeArgumentError, MergeScales, merge_scales
 from posttrainllm.merging.tensors import (
     SafetensorsSource,
@@ -30,6 +36,7 @@ __all__ = [
     "SCHEDULES",
     "MergeArgumentError",
     "MergeScales",
+    "NonFiniteTensor",
     "SafetensorsSource",
     "StateDictSource",
     "TensorFileError",

@@ -20,6 +20,24 @@ class TensorMismatch(ValueError):
         self.what, self.name = what, name
 
 
+class NonFiniteTensor(ValueError):
+    """A tensor holds NaN or an infinity: ``side`` is "base", "tuned" (an input) or "merged" (the result of finite
+    inputs, an overflow); ``name`` the tensor."""
+
+    def __init__(self, side: str, name: str):
+        super().__init__(f"tensor {name} of the {side} model holds NaN or infinite values")
+        self.side, self.name = side, name
+
+
+def _finite(t: torch.Tensor, side: str, name: str) -> torch.Tensor:
+    """`t` itself, after checking that a floating-point tensor holds no NaN or infinity (NonFiniteTensor)."""
+    if t.is_floating_point() and t.numel():
+        ok = torch.isfinite(t if t.element_size() > 1 else t.float()).all()
+        if not bool(ok):
+            raise NonFiniteTensor(side, name)
+    return t
+
+
 def first_mismatch(base, tuned) -> TensorMismatch | None:
     """The first difference in tensor names or shapes between two sources (headers only), in name order, or None."""
     b_names, t_names = set(base.names()), set(tuned.names())
@@ -78,7 +96,8 @@ def merge_streamed(
     of at most about `piece_bytes` of one tensor's rows in memory at a time (with its two inputs; the result is
     elementwise, so the blocks give the same bits as the whole tensor). The output keeps the tuned model's names,
     order and dtypes. Returns the weight file names written. Call ``first_mismatch`` first: names and shapes must
-    agree."""
+    agree. Every piece read and every piece written is checked: a NaN or infinity raises ``NonFiniteTensor`` (the
+    shard being written is then incomplete: the caller removes it)."""
     entries = [(name, *tuned.meta(name)) for name in tuned.names()]
 
     def produce(name: str):
@@ -86,11 +105,13 @@ def merge_streamed(
         dtype, shape = tuned.meta(name)
         for rows in _row_blocks(shape, torch.empty((), dtype=dtype).element_size(), piece_bytes):
             if s == 1.0:
-                yield tuned.read(name, rows)
+                yield _finite(tuned.read(name, rows), "tuned", name)
             elif s == 0.0:
-                yield base.read(name, rows).to(dtype)
+                yield _finite(base.read(name, rows), "base", name).to(dtype)
             else:
-                yield interpolate(base.read(name, rows), tuned.read(name, rows), s, name)
+                b = _finite(base.read(name, rows), "base", name)
+                t = _finite(tuned.read(name, rows), "tuned", name)
+                yield _finite(interpolate(b, t, s, name), "merged", name)
         if on_tensor is not None:
             on_tensor(name)
 

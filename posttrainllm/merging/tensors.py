@@ -109,6 +109,10 @@ class SafetensorsSource:
     def names(self) -> list[str]:
         return list(self.infos)
 
+    def file_of(self, name: str) -> Path | None:
+        """The file holding tensor `name`."""
+        return self.infos[name].file
+
     def meta(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
         info = self.infos[name]
         return DTYPES[info.dtype], info.shape
@@ -141,6 +145,9 @@ class StateDictSource:
 
     def names(self) -> list[str]:
         return list(self.tensors)
+
+    def file_of(self, name: str) -> Path | None:
+        return None  # in memory
 
     def meta(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
         t = self.tensors[name]

@@ -436,6 +436,11 @@ def _check(cfg: RunConfig, out: Path) -> bool:
         if slots(out)
         else ""
     )
+    if "resume" not in cfg.names:  # a command that is never resumed (merge): what is there is redone, not continued
+        raise UsageError(
+            f"--output-dir {label} is not empty (an earlier run's files, finished or cut short); pass --overwrite to "
+            f"replace them, or choose another --output-dir{kept}"
+        )
     raise UsageError(
         f"--output-dir {label} is not empty; pass --overwrite to replace it or --resume to continue its run{kept}"
     )
