@@ -134,12 +134,20 @@ class AssistantSpans:
 
 
 def ensure_chat_template(tokenizer: Any) -> str | None:
-    """Put DEFAULT_CHAT_TEMPLATE on a tokenizer that has no chat template; return a note saying so (else None)."""
+    """Put DEFAULT_CHAT_TEMPLATE on a tokenizer that has no chat template; return a note saying so (else None).
+    A tokenizer that puts a BOS before every text (Gemma, Llama 3: ``special_affixes``) gets the template with
+    ``{{ bos_token }}`` first: a conversation is rendered without the tokenizer's own special tokens, so it starts
+    with the BOS the model expects only if the template writes it."""
+    from .text import special_affixes
+
     if tokenizer is None or getattr(tokenizer, "chat_template", None):
         return None
-    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    bos = getattr(tokenizer, "bos_token_id", None)
+    writes_bos = bos is not None and special_affixes(tokenizer)[0] == [bos]
+    tokenizer.chat_template = ("{{- bos_token -}}" if writes_bos else "") + DEFAULT_CHAT_TEMPLATE
     return (
         "no chat template in tokenizer: applied the default ChatML template (posttrainllm.data.DEFAULT_CHAT_TEMPLATE)"
+        + (", after the tokenizer's BOS" if writes_bos else "")
     )
 
 

@@ -318,10 +318,11 @@ def _text_blocks(source: str, tokenizer, max_length: int, num_proc, streaming: b
     """(blocks, tokens in the text) for a dataset; a stream's token count is unknown (None)."""
     ds = text.load_texts(source, streaming=streaming)
     tokenized = text.tokenize(ds, tokenizer, source, num_proc)
+    prefix = text.block_prefix(tokenizer)
     if streaming:
-        return text.blocks_stream(tokenized, max_length), None
+        return text.blocks_stream(tokenized, max_length, prefix), None
     n_tokens = text.count_tokens(tokenized)
-    blocks = text.group(tokenized, max_length, n_tokens)
+    blocks = text.group(tokenized, max_length, n_tokens, prefix)
     if blocks.num_rows == 0:
         raise DataError(
             f"{source}: the text has {n_tokens} tokens, fewer than one block of max_length={max_length}; "

@@ -8,6 +8,14 @@ non-space character (else before a space between two words): for byte-level BPE 
 Qwen, and the ones ``pretrain`` trains) such a cut is a pre-tokenizer boundary, so the ids are exactly those of
 the whole document; a SentencePiece tokenizer that marks the start of its input may differ at those cuts. The
 tokenizer's own special tokens (e.g. a BOS) come once per document, and the eos token after it.
+
+Every block starts as the model's texts start (decision log 67): a block that does not begin with the tokenizer's
+prefix (``block_prefix``, e.g. Gemma's and Llama 3's ``<bos>``) gets it put in front, followed by
+``max_length - len(prefix)`` tokens of the stream; a block where a document (and so its prefix) begins holds
+``max_length`` tokens of the stream. The prefix is context: for a prefix of several tokens, those after the first
+are not labels. A tokenizer whose prefix is its EOS token (BOS = EOS) puts it only after each document, so two
+documents are never split by a doubled EOS. A tokenizer without a prefix (GPT-2, Qwen, SmolLM) gives the same
+blocks as before the prefix existed.
 """
 
 from __future__ import annotations
@@ -57,6 +65,11 @@ def encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
 
 
+def block_prefix(tokenizer) -> list[int]:
+    """The ids every training block starts with: the special tokens the tokenizer puts before a text."""
+    return special_affixes(tokenizer)[0]
+
+
 def special_affixes(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a text (e.g. ([bos], []))."""
     with_special = list(tokenizer("a", verbose=False)["input_ids"])
@@ -77,6 +90,8 @@ class Tokenize:
         self.source = source
         self.eos = getattr(tokenizer, "eos_token_id", None)
         self.prefix, self.suffix = special_affixes(tokenizer)
+        if self.eos is not None and self.prefix == [self.eos]:  # BOS = EOS: the one after each document serves
+            self.prefix = []
 
     def encode(self, pieces):
         """Token ids of each piece (no special tokens), as int32 numpy arrays, in tokenizer calls of bounded size."""
@@ -178,14 +193,38 @@ class SplitDocuments:
         return out
 
 
+def cut_blocks(ids, max_length: int, prefix) -> tuple[list, int]:
+    """(blocks, tokens of `ids` used) of the flat stream `ids`: consecutive blocks of `max_length` ids, each
+    starting with `prefix` (put in front where the stream does not already start with it there). The ids past the
+    last whole block are not used (the caller carries them)."""
+    import numpy as np
+
+    p = len(prefix)
+    if not p:
+        n = len(ids) // max_length
+        return [ids[: n * max_length]], n * max_length
+    head = np.asarray(prefix, dtype=ids.dtype)
+    blocks, start = [], 0
+    while True:
+        own = len(ids) - start >= p and bool((ids[start : start + p] == head).all())
+        take = max_length if own else max_length - p
+        if len(ids) - start < take:
+            return blocks, start
+        piece = ids[start : start + take]
+        blocks.append(piece if own else np.concatenate([head, piece]))
+        start += take
+
+
 class GroupBlocks:
     """The batched map function (Arrow in, Arrow out, one process, in order): token ids -> consecutive blocks of
-    `max_length` tokens, ``labels`` = ``input_ids``; the tokens left over at the end of a batch start the next."""
+    `max_length` tokens, each starting with `prefix` (``cut_blocks``), ``labels`` = ``input_ids`` but the prefix's
+    tokens after its first; the tokens left over at the end of a batch start the next."""
 
-    def __init__(self, max_length: int):
+    def __init__(self, max_length: int, prefix=()):
         import numpy as np
 
         self.max_length = max_length
+        self.prefix = list(prefix)
         self.carry = np.zeros(0, dtype=np.int32)
 
     def __call__(self, table):
@@ -197,18 +236,23 @@ class GroupBlocks:
             chunks.append(pa.compute.list_flatten(chunk).to_numpy(zero_copy_only=False).astype(np.int32, copy=False))
         ids = np.concatenate(chunks)
         reading.release(table)
-        n = len(ids) // self.max_length
-        self.carry = ids[n * self.max_length :].copy()
-        return _blocks_table(ids[: n * self.max_length], self.max_length)
+        blocks, used = cut_blocks(ids, self.max_length, self.prefix)
+        self.carry = ids[used:].copy()
+        flat = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int32)
+        return _blocks_table(flat, self.max_length, len(self.prefix))
 
 
-def _blocks_table(ids, max_length: int):
+def _blocks_table(ids, max_length: int, prefix: int = 0):
     import numpy as np
     import pyarrow as pa
 
     offsets = pa.array(np.arange(0, len(ids) + 1, max_length, dtype=np.int32))
     blocks = pa.ListArray.from_arrays(offsets, pa.array(ids, type=pa.int32()))
-    return pa.table({"input_ids": blocks, "labels": blocks})
+    if prefix <= 1:
+        return pa.table({"input_ids": blocks, "labels": blocks})
+    labels = ids.reshape(-1, max_length).copy()
+    labels[:, 1:prefix] = -100  # the prefix is context, not a label
+    return pa.table({"input_ids": blocks, "labels": pa.ListArray.from_arrays(offsets, pa.array(labels.reshape(-1)))})
 
 
 def token_features():
@@ -317,14 +361,15 @@ def count_tokens(tokenized) -> int:
     return int(sum(pc.sum(pc.list_value_length(c)).as_py() or 0 for c in column.chunks))
 
 
-def group(tokenized, max_length: int, n_tokens: int):
-    """Consecutive blocks of `max_length` tokens over the whole tokenized dataset (one ordered pass)."""
+def group(tokenized, max_length: int, n_tokens: int, prefix=()):
+    """Consecutive blocks of `max_length` tokens over the whole tokenized dataset (one ordered pass), each starting
+    with `prefix` (``block_prefix``)."""
     rows = max(1, tokenized.num_rows)
     batch = max(1, min(1000, BLOCK_BATCH_TOKENS * rows // max(1, n_tokens)))
     return (
         tokenized.with_format("arrow")
         .map(
-            GroupBlocks(max_length),
+            GroupBlocks(max_length, prefix),
             batched=True,
             batch_size=batch,
             remove_columns=["input_ids"],
@@ -335,8 +380,9 @@ def group(tokenized, max_length: int, n_tokens: int):
     )
 
 
-def stream_blocks(tokenized, max_length: int) -> Iterator[dict]:
-    """Generator of blocks from a tokenized stream (a fresh carry for every pass over the stream)."""
+def stream_blocks(tokenized, max_length: int, prefix=()) -> Iterator[dict]:
+    """Generator of blocks from a tokenized stream (a fresh carry for every pass over the stream), as ``group``
+    cuts them."""
     import numpy as np
     import pyarrow as pa
 
@@ -344,19 +390,20 @@ def stream_blocks(tokenized, max_length: int) -> Iterator[dict]:
     for table in tokenized.with_format("arrow").iter(batch_size=16):
         flat = pa.compute.list_flatten(table.column("input_ids")).to_numpy(zero_copy_only=False)
         ids = np.concatenate([carry, flat.astype(np.int32, copy=False)])
-        n = len(ids) // max_length
-        for k in range(n):
-            block = ids[k * max_length : (k + 1) * max_length].tolist()
-            yield {"input_ids": block, "labels": block}
-        carry = ids[n * max_length :]
+        blocks, used = cut_blocks(ids, max_length, list(prefix))
+        for piece in blocks:
+            for k in range(len(piece) // max_length):
+                block = piece[k * max_length : (k + 1) * max_length].tolist()
+                labels = block if len(prefix) <= 1 else [block[0]] + [-100] * (len(prefix) - 1) + block[len(prefix) :]
+                yield {"input_ids": block, "labels": labels}
+        carry = ids[used:]
 
 
-def blocks_stream(tokenized, max_length: int):
+def blocks_stream(tokenized, max_length: int, prefix=()):
     import datasets
 
-    return datasets.IterableDataset.from_generator(
-        stream_blocks, features=block_features(), gen_kwargs={"tokenized": tokenized, "max_length": max_length}
-    )
+    kwargs = {"tokenized": tokenized, "max_length": max_length, "prefix": list(prefix)}
+    return datasets.IterableDataset.from_generator(stream_blocks, features=block_features(), gen_kwargs=kwargs)
 
 
 def load_texts(source: str, streaming: bool = False):

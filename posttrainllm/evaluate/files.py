@@ -11,7 +11,7 @@ from posttrainllm.errors import DataError, UsageError
 from posttrainllm.evaluate.progress import progress_meter
 from posttrainllm.evaluate.scoring import _check_batch_size, _check_max_length, _score_batches
 from posttrainllm.evaluate.sft import sft_completion_loss
-from posttrainllm.evaluate.stream import file_chunks, string_chunks, token_chunks, window_batches
+from posttrainllm.evaluate.stream import file_chunks, string_chunks, text_batches
 
 
 def _names_for_paths(paths: list[str], reserved: set[str]) -> list[str]:
@@ -85,9 +85,9 @@ def evaluate_files(
     with meter:
         for name, (chunks, total, unit, path) in sources.items():
             meter.start(name, total, unit)
-            batches = window_batches(token_chunks(tokenizer, chunks()), max_length, batch_size)
+            batches, prefix = text_batches(tokenizer, chunks(), max_length, batch_size)
             try:
-                results[name] = _score_batches(model, batches, meter.advance, reference)
+                results[name] = _score_batches(model, batches, meter.advance, reference, prefix=prefix)
             except DataError as e:  # a reading error names the file already
                 raise DataError(str(e) if path and path in str(e) else f"{name}: {e}") from None
             meter.finish()

@@ -90,40 +90,44 @@ class _EvalMode:
         return False
 
 
-def _score_ids(model, ids, max_length: int, batch_size: int, progress, reference=None) -> dict:
-    """Perplexity of already tokenized text (an array or list of ids), see ``_score_batches``; ``progress(windows)``."""
+def _score_ids(model, ids, max_length: int, batch_size: int, progress, reference=None, prefix=()) -> dict:
+    """Perplexity of already tokenized text (an array or list of ids), see ``_score_batches``; ``progress(windows)``.
+    `prefix`: the ids each window starts with (``stream.window_prefix``)."""
     from posttrainllm.evaluate.stream import ids_batches
 
     max_length = _check_max_length(max_length)
     batch_size = _check_batch_size(batch_size)
     step = None if progress is None else (lambda windows, position: progress(windows))
-    return _score_batches(model, ids_batches(ids, max_length, batch_size), step, reference)
+    batches = ids_batches(ids, max_length, batch_size, prefix)
+    return _score_batches(model, batches, step, reference, prefix=len(prefix))
 
 
-def _score_batches(model, batches, progress, reference=None, kl=None) -> dict:
+def _score_batches(model, batches, progress, reference=None, kl=None, prefix: int = 0) -> dict:
     """Perplexity of a text given as its batches of windows (``stream.window_batches``: (int64 windows, position)
     items), see the package docstring for the definition; with a `reference` model, also the mean per-token
     KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py). ``progress(windows,
     position)`` after each batch. ``kl``: another tracker with the same interface as ``_KL`` (the base cache's,
-    posttrainllm/evaluate/base_cache.py) in place of a reference model. Memory follows the batch: only one batch of
-    ids is held here."""
+    posttrainllm/evaluate/base_cache.py) in place of a reference model. `prefix`: how many ids of each window are
+    the tokenizer's prefix (context: never predicted, not counted as the text's tokens). Memory follows the batch:
+    only one batch of ids is held here."""
     import torch
 
     device = _model_device(model)
+    first = max(prefix, 1)  # index of the first predicted token in a window
     nll_sum, predicted, tokens, windows = 0.0, 0, 0, 0
     kl = kl if kl is not None else _KL(reference)
     with _EvalMode(model), kl:
         for rows, position in batches:
-            tokens += rows.size
+            tokens += rows.size - prefix * rows.shape[0]
             windows += rows.shape[0]
-            if rows.shape[1] >= 2:  # a last window of one token predicts nothing: not run at all
+            if rows.shape[1] > first:  # a last window of one token (no prefix) predicts nothing: not run at all
                 batch = torch.from_numpy(rows).to(device)
                 logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
                 for r in range(batch.shape[0]):
-                    s, c = _row_nll_sum(logits[r, :-1], batch[r, 1:])
+                    s, c = _row_nll_sum(logits[r, first - 1 : -1], batch[r, first:])
                     nll_sum += s
                     predicted += c
-                kl.add(batch, logits)
+                kl.add(batch, logits, first)
                 del logits
             if progress is not None:
                 progress(rows.shape[0], position)
@@ -156,7 +160,8 @@ class _KL:
     def __exit__(self, *exc):
         return self._mode.__exit__(*exc) if self._mode is not None else False
 
-    def add(self, batch, logits) -> None:
+    def add(self, batch, logits, first: int = 1) -> None:
+        """Add the KL at the predicted positions of `batch` (those from index `first` on) to the running sum."""
         import torch
 
         from posttrainllm.divergence import kl_sum
@@ -167,7 +172,7 @@ class _KL:
         ref_logits = self.reference(input_ids=ref_in, attention_mask=torch.ones_like(ref_in), use_cache=False).logits
         ref_logits = ref_logits.to(logits.device)
         for r in range(batch.shape[0]):
-            s, c = kl_sum(ref_logits[r, :-1], logits[r, :-1])
+            s, c = kl_sum(ref_logits[r, first - 1 : -1], logits[r, first - 1 : -1])
             self.total += s
             self.count += c
         del ref_logits
@@ -190,12 +195,12 @@ def text_perplexity(model, tokenizer, text: str, max_length: int, *, batch_size:
     is known at the end: the text is tokenized as it is scored).
     Raises ``DataError`` if the text has fewer than 2 tokens, ``UsageError`` for max_length < 2.
     """
-    from posttrainllm.evaluate.stream import string_chunks, token_chunks, window_batches
+    from posttrainllm.evaluate.stream import string_chunks, text_batches
 
     if not isinstance(text, str):
         raise DataError(f"text must be a string, got {type(text).__name__}")
     max_length = _check_max_length(max_length)
     batch_size = _check_batch_size(batch_size)
-    batches = window_batches(token_chunks(tokenizer, string_chunks(text)), max_length, batch_size)
+    batches, prefix = text_batches(tokenizer, string_chunks(text), max_length, batch_size)
     step = None if progress is None else (lambda windows, position: progress(windows))
-    return _score_batches(model, batches, step)
+    return _score_batches(model, batches, step, prefix=prefix)

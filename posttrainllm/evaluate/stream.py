@@ -7,6 +7,12 @@ the read size); the ids of each chunk go into a small buffer from which the batc
 order and shapes a whole-text pass gives (``batch_size`` full windows of ``max_length`` tokens at a time, then
 the last full windows, then the shorter last window).
 
+Every window starts as the model's texts start: with the tokenizer's prefix (``window_prefix``: the special tokens
+it puts before a text, e.g. Gemma's and Llama 3's ``<bos>``), followed by ``max_length - len(prefix)`` tokens of the
+text. The prefix is context, never a predicted token, so every token of the text is predicted exactly once. A
+tokenizer without a prefix (GPT-2, Qwen, SmolLM) gives windows of ``max_length`` text tokens, as before the prefix
+existed (decision log 67).
+
 Every item carries the position in the input (bytes of a file, characters of a string) read so far: progress
 follows the input, since the number of windows is only known at the end.
 """
@@ -69,34 +75,66 @@ def _encode(encoder, pieces: list[str]):
     return np.concatenate(encoder.encode(pieces))
 
 
-def window_batches(token_stream, max_length: int, batch_size: int):
-    """(int64 array of windows, position) from (ids, position) items: ``batch_size`` full windows of
-    ``max_length`` tokens whenever the buffer holds them, at the end the remaining full windows in one batch and
-    the shorter last window (possibly a single token) alone."""
+def window_prefix(tokenizer) -> list[int]:
+    """The ids every evaluation window starts with: the special tokens the tokenizer puts before a text (``[bos]``
+    for Gemma and Llama 3, ``[]`` for GPT-2, Qwen and SmolLM)."""
+    from posttrainllm.data.text import special_affixes
+
+    return special_affixes(tokenizer)[0]
+
+
+def _windows(ids, width: int, prefix):
+    """int64 rows of ``width`` ids each from the flat `ids` (a multiple of `width` long), the prefix before each."""
     import numpy as np
 
-    step = max_length * batch_size
+    rows = ids.astype(np.int64).reshape(-1, width)
+    if not len(prefix):
+        return rows
+    head = np.broadcast_to(np.asarray(prefix, dtype=np.int64), (rows.shape[0], len(prefix)))
+    return np.concatenate([head, rows], axis=1)
+
+
+def window_batches(token_stream, max_length: int, batch_size: int, prefix=()):
+    """(int64 array of windows, position) from (ids, position) items: ``batch_size`` full windows of
+    ``max_length`` tokens whenever the buffer holds them, at the end the remaining full windows in one batch and
+    the shorter last window (possibly a single token of text) alone. Each window is `prefix` followed by
+    ``max_length - len(prefix)`` tokens of the text."""
+    import numpy as np
+
+    from posttrainllm.errors import UsageError
+
+    width = max_length - len(prefix)  # text tokens per window
+    if width < 1:
+        raise UsageError(f"max_length={max_length} leaves no room for text after the tokenizer's prefix {prefix}")
+    step = width * batch_size
     buffer = np.zeros(0, dtype=np.int32)
     position = 0
     for ids, position in token_stream:
         buffer = np.concatenate([buffer, ids]) if len(buffer) else ids
         start = 0
         while len(buffer) - start >= step:
-            yield buffer[start : start + step].astype(np.int64).reshape(batch_size, max_length), position
+            yield _windows(buffer[start : start + step], width, prefix), position
             start += step
         buffer = buffer[start:].copy() if start else buffer  # the rest only (< one batch), not the whole chunk
-    full = len(buffer) // max_length
+    full = len(buffer) // width
     if full:
-        yield buffer[: full * max_length].astype(np.int64).reshape(full, max_length), position
-    rest = buffer[full * max_length :]
+        yield _windows(buffer[: full * width], width, prefix), position
+    rest = buffer[full * width :]
     if len(rest):
-        yield rest.astype(np.int64).reshape(1, len(rest)), position
+        yield _windows(rest, len(rest), prefix), position
 
 
-def ids_batches(ids, max_length: int, batch_size: int):
+def text_batches(tokenizer, chunks, max_length: int, batch_size: int):
+    """(batches, prefix length) of a text given as its (chunk, position) items: the text's windows
+    (``window_batches`` with the tokenizer's ``window_prefix``) and how many ids of each window are the prefix."""
+    prefix = window_prefix(tokenizer)
+    return window_batches(token_chunks(tokenizer, chunks), max_length, batch_size, prefix), len(prefix)
+
+
+def ids_batches(ids, max_length: int, batch_size: int, prefix=()):
     """The batches of already tokenized ids (an array or list), as ``window_batches`` gives them; position =
     tokens."""
     import numpy as np
 
     ids = np.asarray(ids)
-    return window_batches([(ids, len(ids))] if len(ids) else [], max_length, batch_size)
+    return window_batches([(ids, len(ids))] if len(ids) else [], max_length, batch_size, prefix)
