@@ -7,14 +7,20 @@ once per text: its perplexity result and, per predicted position, its `top_k` mo
 log-probabilities and the log of the probability left over (the tail) are written under the cache directory, and
 every later model's KL is computed from them.
 
-**The KL from the cache** is KL over the base's top-k tokens plus one "tail" outcome that lumps the rest:
+**The KL from the cache** is KL over the base's most likely tokens S_t at each position t plus one "tail" outcome
+that lumps the rest:
 
-    KL_k(p ‖ q) = Σ_{v ∈ S} p(v) (log p(v) − log q(v)) + p(T) (log p(T) − log q(T)),  S = base's top k, T = V \\ S
+    KL_S(p ‖ q) = Σ_{v ∈ S_t} p(v) (log p(v) − log q(v)) + p(T) (log p(T) − log q(T)),  T = V \\ S_t
 
-where p(T) and q(T) are the base's and the model's probability of any token outside S. By the log-sum inequality
-KL_k ≤ KL (grouping outcomes never raises a divergence), and KL_k = KL exactly when k ≥ the vocabulary (T empty).
-The gap is the divergence *within* the tail, weighted by p(T): small where the base puts little mass outside its
-top k. `DEFAULT_TOP_K` = 256; tests/unit/evaluate/test_base_cache.py checks the exact case and the bound.
+where p(T) and q(T) are the base's and the model's probability of any token outside S_t. By the log-sum inequality
+KL_S ≤ KL (grouping outcomes never raises a divergence); the gap is p(T) times the divergence *within* the tail.
+So S_t is not a fixed top k: it is the base's smallest top-k set whose mass leaves at most `TAIL_MASS` (1e-4) of
+the distribution outside, at least `MIN_K` and at most `top_k` (`MAX_K` = 8192) tokens. Where the tail is empty
+(S_t = V) the KL is exact; where it holds at most 1e-4 of the base's mass the gap is at most 1e-4 times the
+within-tail divergence, which measured under 1% of the KL on both real models (docs/performance.md). A position
+where even `top_k` tokens leave more than `TAIL_MASS` outside is counted (``capped``) and the result then says
+``kl_bound: true``: the figure is a lower bound, labelled so wherever it is printed.
+tests/unit/evaluate/test_base_cache.py checks the exact case, the bound and the labels.
 
 The cache key covers the base (what its directory holds: rundir.fingerprint.input_identity), the text (SHA-256),
 the window length, k and this format's version: a changed text or base gets a new entry. Entries are written to a
@@ -35,9 +41,12 @@ from pathlib import Path
 
 from posttrainllm.errors import DataError
 
-DEFAULT_TOP_K = 256
-_VERSION = 1
-_IDX, _LOGP, _TAIL, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_logp.bin", "result.json"
+MAX_K = 8192  # most tokens kept at one position
+DEFAULT_TOP_K = MAX_K
+MIN_K = 16  # fewest tokens kept at one position
+TAIL_MASS = 1e-4  # the base's probability left outside the kept tokens, at most (where MAX_K allows)
+_VERSION = 2  # 2: windows start with the tokenizer's prefix; a kept set per position (counts.bin)
+_IDX, _LOGP, _TAIL, _COUNT, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_logp.bin", "counts.bin", "result.json"
 RECORDED = "recorded.jsonl"
 
 
@@ -68,16 +77,18 @@ def entry_key(base_identity, text_path: str, max_length: int, top_k: int) -> str
 
 
 class Recorder:
-    """A KL tracker for `_score_batches` that scores nothing: run with the *base* as the model, it appends the
-    base's top-k log-probabilities and tail log-probability of every predicted position to files in `dest`."""
+    """A KL tracker for `_score_batches` that scores nothing: run with the *base* as the model, it appends, for every
+    predicted position, the base's kept tokens (module docstring) with their log-probabilities, how many it kept and
+    the log-probability of the rest (the tail) to files in `dest`."""
 
-    def __init__(self, dest: Path, top_k: int):
-        self.dest, self.top_k, self.positions = dest, top_k, 0
+    def __init__(self, dest: Path, top_k: int, tail_mass: float = TAIL_MASS):
+        self.dest, self.top_k, self.tail_mass, self.positions = dest, top_k, tail_mass, 0
         self.vocab: int | None = None
+        self.kept, self.capped = 0, 0
 
     def __enter__(self):
         self._stack = contextlib.ExitStack()
-        names = (_IDX, _LOGP, _TAIL)
+        names = (_IDX, _LOGP, _TAIL, _COUNT)
         self._files = [self._stack.enter_context(open(self.dest / n, "wb")) for n in names]  # noqa: SIM115
         return self
 
@@ -85,40 +96,62 @@ class Recorder:
         self._stack.close()
         return False
 
-    def add(self, batch, logits) -> None:
-        import torch
+    def add(self, batch, logits, first: int = 1) -> None:
         import torch.nn.functional as F
 
         self.vocab = int(logits.shape[-1])
-        k = min(self.top_k, self.vocab)
         for r in range(batch.shape[0]):
-            logp = F.log_softmax(logits[r, :-1].float(), dim=-1)
-            top, idx = logp.topk(k, dim=-1)
-            if k < self.vocab:
-                tail = logp.scatter(-1, idx, float("-inf")).logsumexp(-1)
-            else:  # nothing outside the top k: the tail is empty
-                tail = torch.full((logp.shape[0],), float("-inf"))
-            for f, arr in zip(self._files, (idx.to(torch.int32), top, tail)):
-                f.write(arr.contiguous().cpu().numpy().tobytes())
-            self.positions += logp.shape[0]
+            self._write(*kept_set(F.log_softmax(logits[r, first - 1 : -1].float(), dim=-1), self.top_k, self.tail_mass))
+
+    def _write(self, idx, top, counts, tail, capped: int) -> None:
+        import torch
+
+        for f, arr in zip(self._files, (idx.to(torch.int32), top, tail, counts.to(torch.int32))):
+            f.write(arr.contiguous().cpu().numpy().tobytes())
+        self.positions += int(counts.shape[0])
+        self.kept += int(counts.sum().item())
+        self.capped += capped
 
     def result(self) -> dict:
         return {}
 
 
+def kept_set(logp, top_k: int, tail_mass: float):
+    """(flat ids, their log-probabilities, count per position, tail log-probability per position, positions capped)
+    of the kept tokens of each row of `logp` (T, V): the fewest of the most likely (at least MIN_K, at most `top_k`)
+    that leave at most `tail_mass` outside. The tail is -inf where every token is kept."""
+    import torch
+
+    vocab = logp.shape[-1]
+    k_max = min(top_k, vocab)
+    top, idx = logp.topk(k_max, dim=-1)  # sorted, most likely first
+    inside = top.exp().double().cumsum(-1)
+    need = (inside < 1.0 - tail_mass).sum(-1) + 1  # fewest whose mass reaches 1 - tail_mass
+    counts = need.clamp(min=min(MIN_K, k_max), max=k_max)
+    capped = int((need > k_max).sum().item()) if k_max < vocab else 0
+    keep = torch.arange(k_max, device=logp.device)[None, :] < counts[:, None]
+    rows = keep.nonzero()[:, 0]
+    rest = logp.clone()
+    rest[rows, idx[keep]] = float("-inf")
+    tail = rest.logsumexp(-1)  # -inf where every token is kept
+    return idx[keep], top[keep], counts, tail, capped
+
+
 class CachedKL:
-    """A KL tracker for `_score_batches` reading the base's recorded top-k from `src`: the running KL_k(base ‖
+    """A KL tracker for `_score_batches` reading the base's recorded kept tokens from `src`: the running KL_S(base ‖
     model) (module docstring) at the same positions, in the same order, as they were recorded."""
 
     def __init__(self, src: Path, meta: dict):
         import numpy as np
 
-        self.k, self.vocab, self.positions = meta["k"], meta["vocab"], meta["positions"]
-        shape = (self.positions, self.k)
-        self.idx = np.memmap(src / _IDX, dtype=np.int32, mode="r", shape=shape) if self.positions else None
-        self.logp = np.memmap(src / _LOGP, dtype=np.float32, mode="r", shape=shape) if self.positions else None
-        self.tail = np.memmap(src / _TAIL, dtype=np.float32, mode="r", shape=(n,)) if (n := self.positions) else None
-        self.at, self.total = 0, 0.0
+        self.vocab, self.positions = meta["vocab"], meta["positions"]
+        self.kept, self.capped = meta.get("kept", 0), meta.get("capped", 0)
+        n, kept = self.positions, self.kept
+        self.idx = np.memmap(src / _IDX, dtype=np.int32, mode="r", shape=(kept,)) if kept else None
+        self.logp = np.memmap(src / _LOGP, dtype=np.float32, mode="r", shape=(kept,)) if kept else None
+        self.tail = np.memmap(src / _TAIL, dtype=np.float32, mode="r", shape=(n,)) if n else None
+        self.counts = np.memmap(src / _COUNT, dtype=np.int32, mode="r", shape=(n,)) if n else None
+        self.at, self.entry, self.total = 0, 0, 0.0
 
     def __enter__(self):
         return self
@@ -126,9 +159,9 @@ class CachedKL:
     def __exit__(self, *exc):
         return False
 
-    def add(self, batch, logits) -> None:
+    def add(self, batch, logits, first: int = 1) -> None:
         for r in range(batch.shape[0]):
-            self.total += self._row(logits[r, :-1])
+            self.total += self._row(logits[r, first - 1 : -1])
 
     def _row(self, logits) -> float:
         import torch
@@ -137,24 +170,31 @@ class CachedKL:
         n = logits.shape[0]
         if self.at + n > self.positions:
             raise DataError("the cached base evaluation has fewer positions than the text: the cache is stale")
-        sl = slice(self.at, self.at + n)
-        self.at += n
-        idx = torch.from_numpy(self.idx[sl].astype("int64")).to(logits.device)
-        lp = torch.from_numpy(self.logp[sl].copy()).to(logits.device).double()
-        lp_tail = torch.from_numpy(self.tail[sl].copy()).to(logits.device).double()
+        counts = torch.from_numpy(self.counts[self.at : self.at + n].astype("int64"))
+        size = int(counts.sum().item())
+        sl = slice(self.entry, self.entry + size)
+        lp_tail = torch.from_numpy(self.tail[self.at : self.at + n].copy()).to(logits.device).double()
+        self.at, self.entry = self.at + n, self.entry + size
+        device = logits.device
+        idx = torch.from_numpy(self.idx[sl].astype("int64")).to(device)
+        lp = torch.from_numpy(self.logp[sl].copy()).to(device).double()
+        pos = torch.repeat_interleave(torch.arange(n), counts).to(device)
         logq = F.log_softmax(logits[:, : self.vocab].float(), dim=-1)
-        lq = logq.gather(-1, idx).double()
-        kl = (lp.exp() * (lp - lq)).sum(-1)
-        if self.k < self.vocab:
-            lq_tail = logq.scatter(-1, idx, float("-inf")).logsumexp(-1).double()
-            p_tail = lp_tail.exp()
+        lq = logq[pos, idx].double()
+        kl = torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, pos, lp.exp() * (lp - lq))
+        p_tail = lp_tail.exp()
+        if bool((p_tail > 0).any()):
+            logq[pos, idx] = float("-inf")
+            lq_tail = logq.logsumexp(-1).double()
             kl = kl + torch.where(p_tail > 0, p_tail * (lp_tail - lq_tail), torch.zeros_like(p_tail))
         return float(kl.sum().item())
 
     def result(self) -> dict:
         if self.at != self.positions:
             raise DataError("the cached base evaluation has more positions than the text: the cache is stale")
-        return {"kl": self.total / self.positions} if self.positions else {}
+        if not self.positions:
+            return {}
+        return {"kl": self.total / self.positions, **({"kl_bound": True} if self.capped else {})}
 
 
 def lookup(cache_dir: Path, key: str) -> tuple[Path, dict] | None:
@@ -176,6 +216,7 @@ def record(cache_dir: Path, key: str, top_k: int, score) -> tuple[Path, dict]:
         rec = Recorder(tmp, top_k)
         result = score(rec)  # _score_batches enters and leaves the recorder
         meta = {"k": min(top_k, rec.vocab or top_k), "vocab": rec.vocab, "positions": rec.positions, "result": result}
+        meta.update(kept=rec.kept, capped=rec.capped, tail_mass=rec.tail_mass)
         (tmp / _RESULT).write_text(json.dumps(meta))
         with open(cache_dir / RECORDED, "a") as log:  # one line per time the base was scored: what a frontier cost
             log.write(json.dumps({"key": key, "positions": rec.positions, "pid": os.getpid()}) + "\n")
@@ -195,13 +236,13 @@ def _entries(tokenizer, paths, max_length: int, batch_size: int, cache_dir, base
     """(name, path, key, batches(path)) of each text file, checked before anything is scored."""
     from posttrainllm.evaluate.files import _checked_file, _names_for_paths
     from posttrainllm.evaluate.scoring import _check_batch_size, _check_max_length
-    from posttrainllm.evaluate.stream import file_chunks, token_chunks, window_batches
+    from posttrainllm.evaluate.stream import file_chunks, text_batches
 
     max_length, batch_size = _check_max_length(max_length), _check_batch_size(batch_size)
     checked = [_checked_file(os.fspath(p)) for p in paths]
 
-    def batches(path):
-        return window_batches(token_chunks(tokenizer, file_chunks(path)), max_length, batch_size)
+    def batches(path):  # (windows, prefix length)
+        return text_batches(tokenizer, file_chunks(path), max_length, batch_size)
 
     for name, path in zip(_names_for_paths(checked, set()), checked):
         yield name, path, entry_key(base_identity, path, max_length, top_k), batches
@@ -210,7 +251,8 @@ def _entries(tokenizer, paths, max_length: int, batch_size: int, cache_dir, base
 def _record_pass(base, windows, recorder) -> dict:
     from posttrainllm.evaluate.scoring import _score_batches
 
-    return _score_batches(base, windows, None, kl=recorder)
+    batches, prefix = windows
+    return _score_batches(base, batches, None, kl=recorder, prefix=prefix)
 
 
 def base_results(
@@ -258,7 +300,8 @@ def results_against_base(
         found = lookup(cache_dir, key)
         if found is None:
             raise DataError(f"{path}: the base's evaluation is not in the cache {cache_dir}; record it first")
-        out[name] = _score_batches(model, batches(path), progress, kl=CachedKL(*found))
+        windows, prefix = batches(path)
+        out[name] = _score_batches(model, windows, progress, kl=CachedKL(*found), prefix=prefix)
     return out
 
 
