@@ -66,7 +66,7 @@ def check_recorded_base(base: Source, adapter: Source) -> None:
     for what, get in (("blocks", num_blocks), ("hidden size", _width)):
         theirs, ours = get(config), get(base.config)
         if theirs is not None and ours is not None and theirs != ours:
-            raise _refuse(adapter, base, f"it was trained on a model of {theirs} {what}, --base has {ours}", recorded)
+            raise _refuse(adapter, base, f"{what}: {theirs} in the base it was trained on, {ours} in --base", recorded)
 
 
 def _pairs(header: dict) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -105,7 +105,7 @@ def _depth_problem(module: str, stored: dict, n_blocks: int | None) -> str | Non
     parts = _split(module)
     if f"{module}.weight" in stored or parts is None or f"{parts[0]}0{parts[2]}.weight" not in stored:
         return None
-    has = f", which has {n_blocks} blocks" if n_blocks is not None else ""
+    has = f" (it has {n_blocks} blocks)" if n_blocks is not None else ""
     return f"it has weights for {module} (block {parts[1]}), a block --base does not have{has}"
 
 

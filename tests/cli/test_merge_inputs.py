@@ -102,7 +102,12 @@ def test_an_adapter_of_a_deeper_model_is_refused_naming_both(tmp_path):
 
 @pytest.mark.parametrize(
     ("change", "words"),
-    [(dict(num_hidden_layers=4), "model.layers.3."), (dict(hidden_size=32, intermediate_size=64), "shape")],
+    [
+        (dict(num_hidden_layers=4), "model.layers.3."),  # deeper: block 3 would be dropped
+        (dict(num_hidden_layers=2), "no weights for model.layers.2."),  # shallower: block 2 would stay the base's
+        (dict(hidden_size=32, intermediate_size=64), "shape"),
+    ],
+    ids=["deeper", "shallower", "wider"],
 )
 def test_an_adapter_whose_recorded_base_is_gone_is_checked_by_its_tensors(tmp_path, change, words):
     import shutil
