@@ -203,3 +203,16 @@ def test_no_merge_modifies_any_input(tmp_path, text_file, alpaca_file):
         assert r.exit_code == code, r.output
     assert _hashes(inputs) == before
     assert json.loads((tmp_path / "o1" / "merge_results.json").read_text())["points"]
+
+
+def test_a_refused_overwrite_puts_the_previous_merge_back(tmp_path):
+    base, tuned = _pair(tmp_path, "llama")
+    out = tmp_path / "out"
+    assert _merge(base, tuned, out, "--alpha", "0.5").exit_code == 0
+    before = _hashes([out])
+    bad, _ = _pair(tmp_path, "llama", seed=2)
+    _poison(bad, "model.norm.weight")
+    r = _merge(base, bad, out, "--alpha", "0.7", "--overwrite")
+    assert r.exit_code == 2 and "model.norm.weight" in r.output, r.output
+    assert _hashes([out]) == before
+    _check_closed_form(base, tuned, out, "uniform", 0.5)
