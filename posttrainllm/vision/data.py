@@ -18,14 +18,19 @@ dataset. Problems are UsageErrors (exit 2) naming the row and the path.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from posttrainllm.data import reading
 from posttrainllm.data.loss_mask import LossMask
 from posttrainllm.data.prepare import PreparedData, _check_args, _random_split
-from posttrainllm.errors import UsageError, shorten
+from posttrainllm.errors import DataError, UsageError, shorten
+from posttrainllm.refs import special_file
+from posttrainllm.vision import lengths
+from posttrainllm.vision.lengths import too_many_pixels
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -185,17 +190,32 @@ class _Rows:
         path = Path(name).expanduser()
         if not path.is_absolute() and self.base is not None:
             path = self.base / path
-        if not path.is_file():
+        if not path.is_file():  # a FIFO is not opened: is_file() reads its mode only
             relative = f" (relative to {self.base})" if self.base is not None and not Path(name).is_absolute() else ""
-            raise UsageError(f"{where}: image file {name} not found{relative}")
+            raise UsageError(f"{where}: image file {name} {not_a_file(path)}{relative}; give an image file")
         from PIL import Image, UnidentifiedImageError
 
         try:
             with Image.open(path) as image:
                 image.size  # noqa: B018 - the header is read, the pixels are not
+        except Image.DecompressionBombError as e:
+            raise DataError(f"{where}: image file {name} {too_many_pixels()}") from e
         except (OSError, UnidentifiedImageError) as e:
             raise UsageError(f"{where}: image file {name} is not an image PIL can open ({e.__class__.__name__})") from e
         return os.path.abspath(path)
+
+
+def not_a_file(path: Path) -> str:
+    """What a path that is no regular file is: "not found", "is a symlink loop", "is a directory", "is a FIFO..."."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symlink loop"
+        return "is a symlink to a missing file" if path.is_symlink() else "not found"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    return f"is {special_file(str(path)) or 'not a regular file'}"
 
 
 def _undecoded(ds, column: str):
@@ -259,10 +279,13 @@ def prepare(cfg: RunConfig, processor, shape: str) -> PreparedData:
         train = convert(
             cfg.dataset, shape, max_samples=cfg.max_samples, split_last=split_last, num_proc=cfg.dataset_num_proc
         )
+        max_length = getattr(cfg, "max_length", None)
+        lengths.check(train, processor, max_length, cfg.dataset)  # before the split: rows keep their numbers
         if cfg.eval_dataset:
             eval_ds = convert(
                 cfg.eval_dataset, shape, max_samples=None, split_last=split_last, num_proc=cfg.dataset_num_proc
             )
+            lengths.check(eval_ds, processor, max_length, cfg.eval_dataset, "--eval-dataset")
         else:
             train, eval_ds = _random_split(train, cfg.eval_split, cfg.eval_split_seed, cfg.dataset)
     prepared = PreparedData(

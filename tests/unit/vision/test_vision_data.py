@@ -160,3 +160,23 @@ def test_an_image_removed_since_an_earlier_run_is_caught(processor, tmp_path):
     (tmp_path / "pics" / "red.png").unlink()
     with pytest.raises(UsageError, match="row 1: image file pics/red.png not found"):
         vision_data.prepare(run_config(data), processor, "sft")
+
+
+def test_measuring_the_rows_against_max_length_decodes_no_image(processor, tmp_path, monkeypatch):
+    """--max-length is checked from the images' sizes (their headers), once per distinct sizes, not their pixels."""
+    from PIL import ImageFile
+
+    from posttrainllm.vision import lengths
+
+    data = write_sft_data(tmp_path, n=4)
+    decoded, processed = [], []
+    original = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self) or original(self))
+    measure = lengths._Measure.image_tokens
+    monkeypatch.setattr(
+        lengths._Measure, "image_tokens", lambda self, s, *a: processed.append(s) or measure(self, s, *a)
+    )
+    vision_data.prepare(run_config(data, max_length=41), processor, "sft")
+    assert decoded == [] and len(processed) == 4 and len(set(processed)) == 1
+    with pytest.raises(UsageError, match=r"row 1 \(and 3 more of the 4 rows\).*--max-length 55 or more"):
+        vision_data.prepare(run_config(data, max_length=40), processor, "sft")
