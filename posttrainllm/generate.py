@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from posttrainllm.config.inputs import output_file_problems
 from posttrainllm.errors import DataError, UsageError
+from posttrainllm.refs import not_a_file
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -61,8 +62,11 @@ def prompt_images(path: str) -> list[list[str]]:
         names = [names] if isinstance(names, str) else names
         files = [p.parent / Path(name).expanduser() for name in names if isinstance(name, str)]
         for name, file in zip(names, files):
-            if not file.is_file():
-                raise UsageError(f"--prompts {path}: line {n}: image file {name} not found (relative to {p.parent})")
+            if not file.is_file():  # a FIFO is not opened: is_file() reads its mode only
+                raise UsageError(
+                    f"--prompts {path}: line {n}: image file {name} {not_a_file(file)} (relative to {p.parent}); "
+                    "give an image file"
+                )
         out.append([str(f) for f in files])
     return out
 

@@ -3,6 +3,7 @@ socket, a device) that must not be opened. Imports nothing heavy."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -27,6 +28,20 @@ def looks_local(ref: str) -> bool:
 def looks_like_hub_id(ref: str) -> bool:
     """`owner/name` or `name` that is not a local path."""
     return not looks_local(ref) and bool(_HUB_ID.match(ref))
+
+
+def not_a_file(path: str | os.PathLike) -> str:
+    """What a path that is no regular file is, for a message: "not found", "is a symlink loop", "is a symlink to a
+    missing file", "is a directory", "is a FIFO (named pipe)"... Only its mode is read (a FIFO is never opened)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symlink loop"
+        return "is a symlink to a missing file" if os.path.islink(path) else "not found"
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    return f"is {special_file(str(path)) or 'not a regular file'}"
 
 
 def special_file(path: str) -> str | None:

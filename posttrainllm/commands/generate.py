@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.refs import not_a_file, special_file
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -18,12 +19,12 @@ def _one_source(command: str, v: Mapping[str, Any]) -> list[str]:
         problems.append("give either --prompt TEXT or --prompts FILE (one of them)")
     if v.get("output") and v.get("prompt") is not None:
         problems.append("--output goes with --prompts FILE (a single --prompt is printed)")
-    if v.get("prompts") and not os.path.isfile(os.path.expanduser(v["prompts"])):
-        problems.append(f"--prompts: {v['prompts']} does not exist")
     if v.get("image") and v.get("prompt") is None:
         problems.append("--image goes with --prompt TEXT (the question about the image)")
-    if v.get("image") and not os.path.isfile(os.path.expanduser(v["image"])):
-        problems.append(f"--image: {v['image']} does not exist")
+    for key, what in (("prompts", "a prompts file"), ("image", "an image file")):
+        path = v.get(key) and os.path.expanduser(v[key])
+        if path and not os.path.isfile(path) and not special_file(path):  # a FIFO or device: resolve says so
+            problems.append(f"--{key}: {v[key]} {not_a_file(path)}; give {what}")
     return problems
 
 

@@ -18,9 +18,7 @@ dataset. Problems are UsageErrors (exit 2) naming the row and the path.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +26,7 @@ from posttrainllm.data import reading
 from posttrainllm.data.loss_mask import LossMask
 from posttrainllm.data.prepare import PreparedData, _check_args, _random_split
 from posttrainllm.errors import DataError, UsageError, shorten
-from posttrainllm.refs import special_file
+from posttrainllm.refs import not_a_file
 from posttrainllm.vision import lengths
 from posttrainllm.vision.lengths import too_many_pixels
 
@@ -203,19 +201,6 @@ class _Rows:
         except (OSError, UnidentifiedImageError) as e:
             raise UsageError(f"{where}: image file {name} is not an image PIL can open ({e.__class__.__name__})") from e
         return os.path.abspath(path)
-
-
-def not_a_file(path: Path) -> str:
-    """What a path that is no regular file is: "not found", "is a symlink loop", "is a directory", "is a FIFO..."."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return "is a symlink loop"
-        return "is a symlink to a missing file" if path.is_symlink() else "not found"
-    if stat.S_ISDIR(mode):
-        return "is a directory"
-    return f"is {special_file(str(path)) or 'not a regular file'}"
 
 
 def _undecoded(ds, column: str):

@@ -182,3 +182,15 @@ def test_an_image_path_that_is_no_file_says_what_it_is(kind, words, llava_dir, t
     data = _rows_with(tmp_path, lambda images: sft_row("pics/odd.png", "red"))
     out = _one_line_exit_2(runner.invoke(app, run_args("sft", llava_dir, data, tmp_path / "o")))
     assert "row 2" in out and "pics/odd.png" in out and words in out and "not found" not in out
+
+
+@pytest.mark.parametrize("kind, words", [("loop", "symlink loop"), ("dir", "a directory"), ("absent", "not found")])
+def test_generate_image_that_is_no_file_says_what_it_is(kind, words, llava_dir, tmp_path, no_model_load):
+    target = tmp_path / "odd.png"
+    if kind == "loop":
+        target.symlink_to(target)
+    elif kind == "dir":
+        target.mkdir()
+    r = runner.invoke(app, ["generate", "--model", str(llava_dir), "--image", str(target), "--prompt", "What?"])
+    out = _one_line_exit_2(r)
+    assert "--image" in out and words in out and ("does not exist" not in out)
