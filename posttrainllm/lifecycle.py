@@ -147,7 +147,8 @@ def _cache_args(cfg: RunConfig, model_path: str | None, model, precision: str) -
 
     if not cfg.eval_cache or world_size() > 1:
         return None
-    return {"cache_dir": cfg.eval_cache, "base_identity": base_identity(model_path or cfg.model, model, precision)}
+    identity = base_identity(model_path or cfg.model, model, precision, cfg.eval_cache)
+    return {"cache_dir": cfg.eval_cache, "base_identity": identity}
 
 
 def ood_before(s: Setup, precision: str) -> dict:

@@ -90,6 +90,24 @@ def inside(path: str, folder: str) -> bool:
     return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
 
 
+def eval_cache_problems(values: dict) -> list[str]:
+    """--eval-cache names a folder (created when missing) that is none of the run's inputs and lies inside none: the
+    cache writes there, and a base or data set written into would no longer be what the run read."""
+    cache = values.get("eval_cache")
+    if not cache:
+        return []
+    path = os.path.expanduser(str(cache))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return [f"--eval-cache {shorten(str(cache))} is not a folder: name a folder (it is created when missing)"]
+    for label, source in local_inputs(values):
+        if inside(path, source):
+            return [
+                f"--eval-cache {shorten(str(cache))} is inside {shorten(label, 120)}: the cache would write into "
+                "what the run reads; choose a folder outside the run's inputs"
+            ]
+    return []
+
+
 def output_file_problems(flag: str, output: str, overwrite: bool, inputs: list[tuple[str, str]]) -> list[str]:
     """Why `output` cannot be the file a command writes (empty when it can): its folder must exist, it must not be a
     directory or a special file, an existing file needs --overwrite (then it is replaced whole, never written in

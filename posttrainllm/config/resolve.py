@@ -9,7 +9,7 @@ from typing import Any
 
 from posttrainllm.commands.registry import spec_of
 from posttrainllm.config.coerce import option_value, quote
-from posttrainllm.config.inputs import entries, input_options, local_inputs, output_file_problems
+from posttrainllm.config.inputs import entries, eval_cache_problems, input_options, local_inputs, output_file_problems
 from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.options import RECIPE_KEYS, options_for
 from posttrainllm.config.per_command import default_of
@@ -160,6 +160,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
     for check in spec_of(command).checks:  # the command's own cross-checks (its spec)
         problems += check(command, v)
+    problems += eval_cache_problems({**v, "command": command})
     if command == "generate" and v.get("output") and v.get("prompt") is None:  # needs the option table's inputs
         inputs = local_inputs({**v, "command": command})
         problems += output_file_problems("--output", v["output"], bool(v.get("overwrite")), inputs)

@@ -204,7 +204,8 @@ def cut_blocks(ids, max_length: int, prefix) -> tuple[list, int]:
         n = len(ids) // max_length
         return [ids[: n * max_length]], n * max_length
     head = np.asarray(prefix, dtype=ids.dtype)
-    blocks, start = [], 0
+    blocks: list = []
+    start = 0
     while True:
         own = len(ids) - start >= p and bool((ids[start : start + p] == head).all())
         take = max_length if own else max_length - p

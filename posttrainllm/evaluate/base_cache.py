@@ -22,7 +22,8 @@ where even `top_k` tokens leave more than `TAIL_MASS` outside is counted (``capp
 ``kl_bound: true``: the figure is a lower bound, labelled so wherever it is printed.
 tests/unit/evaluate/test_base_cache.py checks the exact case, the bound and the labels.
 
-The cache key covers the base (what its directory holds: rundir.fingerprint.input_identity), the text (SHA-256),
+The cache key covers the base (the SHA-256 of every file it holds, read whole: `content_identity`, remembered per
+file by size and modification time in the cache folder), the text (SHA-256),
 the window length, k and this format's version: a changed text or base gets a new entry. Entries are written to a
 temporary directory and renamed into place, so a reader never sees half an entry. Memory follows the batch: the
 per-position arrays are appended to files as they are computed and read back memory-mapped.
@@ -50,15 +51,69 @@ _IDX, _LOGP, _TAIL, _COUNT, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_log
 RECORDED = "recorded.jsonl"
 
 
-def base_identity(model_path: str, model, precision: str = "fp32") -> dict:
-    """What identifies a base for the cache: what its directory (or file) holds, the dtype it is scored in (the
-    model given is the base, or one loaded the same way) and the autocast it is scored under (``precision``:
-    evaluate/precision.py; a bf16 entry is never read by an fp32 evaluation, nor the other way round)."""
+_MEMO = "identities.json"  # file digests by (path, size, mtime): a base is read whole once, not on every run
+
+
+def content_identity(spec: str, memo_dir=None) -> str | None:
+    """The SHA-256 over every file a local model directory (or the file itself) holds, each read whole, names and
+    sizes included (None for a hub id or a path that is not there). Two bases that differ in one byte of one tensor
+    get two identities. Each file's digest is remembered in `memo_dir`/identities.json by path, size and
+    modification time, so a base of 1 GB is read once."""
+    from posttrainllm.rundir.layout import sha256
+
+    path = Path(os.path.expanduser(spec))
+    if not path.exists():
+        return None
+    memo_file = Path(memo_dir) / _MEMO if memo_dir is not None else None
+    memo = _read_memo(memo_file)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(p, path))
+    h, changed = hashlib.sha256(), False
+    for f in files:
+        st = f.stat()
+        key = f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
+        if key not in memo:
+            memo[key], changed = sha256(f), True
+        h.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{memo[key]}\0".encode())
+    if changed and memo_file is not None:
+        _write_memo(memo_file, memo)
+    return h.hexdigest()
+
+
+def _skipped(p: Path, root: Path) -> bool:
+    """A run directory used as a base: its checkpoints, hidden files and run records are not the model."""
+    from posttrainllm.rundir.layout import CKPT_DIR, OWN_RECORDS
+
+    parts = p.relative_to(root).parts
+    return any(x.startswith(".") or CKPT_DIR.match(x) for x in parts) or p.name in OWN_RECORDS
+
+
+def _read_memo(memo_file) -> dict:
+    try:
+        memo = json.loads(memo_file.read_text()) if memo_file is not None and memo_file.is_file() else {}
+    except (OSError, ValueError):
+        return {}  # a damaged memo is only a slower start: every file is read again
+    return memo if isinstance(memo, dict) else {}
+
+
+def _write_memo(memo_file: Path, memo: dict) -> None:
+    try:
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f".{_MEMO}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_file)
+    except OSError:
+        pass  # not remembered: the next run reads the files again
+
+
+def base_identity(model_path: str, model, precision: str = "fp32", cache_dir=None) -> dict:
+    """What identifies a base for the cache: what its directory (or file) holds, read whole (`content_identity`),
+    the dtype it is scored in (the model given is the base, or one loaded the same way) and the autocast it is scored
+    under (``precision``: evaluate/precision.py; a bf16 entry is never read by an fp32 evaluation, nor the other way
+    round)."""
     from posttrainllm.evaluate.precision import AUTOCAST_DTYPES
-    from posttrainllm.rundir.fingerprint import input_identity
 
     dtype = next((str(p.dtype) for p in model.parameters()), "?")
-    identity = {"model": input_identity(model_path) or model_path, "dtype": dtype}
+    identity = {"model": content_identity(model_path, cache_dir) or model_path, "dtype": dtype}
     if precision in AUTOCAST_DTYPES:  # fp32 keys stay as they were: entries recorded before this field still match
         identity["autocast"] = AUTOCAST_DTYPES[precision]
     return identity
@@ -198,31 +253,76 @@ class CachedKL:
 
 
 def lookup(cache_dir: Path, key: str) -> tuple[Path, dict] | None:
-    """(entry directory, its meta) when the entry is complete, else None."""
+    """(entry directory, its meta) when the entry is complete and sound, else None. An entry whose meta cannot be
+    read or whose files do not have the sizes the meta gives (truncated, edited) is named in one line on stderr and
+    removed, so that it is recorded again."""
     entry = Path(cache_dir) / key
     meta_file = entry / _RESULT
     if not meta_file.is_file():
+        if entry.exists() and not entry.is_dir():
+            _discard(entry, "is not a folder")
         return None
-    return entry, json.loads(meta_file.read_text())
+    problem, meta = _entry_problem(entry, meta_file)
+    if problem:
+        _discard(entry, problem)
+        return None
+    return entry, meta
+
+
+def _entry_problem(entry: Path, meta_file: Path) -> tuple[str | None, dict]:
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as e:
+        return f"its {_RESULT} cannot be read ({type(e).__name__})", {}
+    try:
+        n, kept = int(meta["positions"]), int(meta["kept"])
+        if not isinstance(meta["result"], dict) or meta.get("v") != _VERSION:
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        return f"its {_RESULT} is not this version's", {}
+    sizes = {_IDX: 4 * kept, _LOGP: 4 * kept, _TAIL: 4 * n, _COUNT: 4 * n}
+    for name, size in sizes.items():
+        f = entry / name
+        if not f.is_file() or f.stat().st_size != size:
+            return f"{name} is missing or not {size} bytes", {}
+    return None, meta
+
+
+def _discard(entry: Path, why: str) -> None:
+    import sys
+
+    print(f"eval cache: entry {entry} {why}: recording it again", file=sys.stderr)
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            entry.unlink()
 
 
 def record(cache_dir: Path, key: str, top_k: int, score) -> tuple[Path, dict]:
     """Run `score(recorder)` (the base's `_score_batches` with the recorder as its KL tracker; it returns the base's
     result), then move the complete entry into place atomically. Returns (entry directory, meta)."""
     cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DataError(
+            f"--eval-cache {cache_dir} is not a folder: name a folder (it is created when missing)"
+        ) from None
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
     try:
         rec = Recorder(tmp, top_k)
         result = score(rec)  # _score_batches enters and leaves the recorder
         meta = {"k": min(top_k, rec.vocab or top_k), "vocab": rec.vocab, "positions": rec.positions, "result": result}
-        meta.update(kept=rec.kept, capped=rec.capped, tail_mass=rec.tail_mass)
+        meta.update(kept=rec.kept, capped=rec.capped, tail_mass=rec.tail_mass, v=_VERSION)
         (tmp / _RESULT).write_text(json.dumps(meta))
         with open(cache_dir / RECORDED, "a") as log:  # one line per time the base was scored: what a frontier cost
             log.write(json.dumps({"key": key, "positions": rec.positions, "pid": os.getpid()}) + "\n")
         try:
             os.replace(tmp, cache_dir / key)
-        except OSError:  # another process finished the same entry first: theirs is as good
+        except OSError:  # another process finished the same entry first: theirs is as good (if it is sound)
+            if lookup(cache_dir, key) is None:
+                os.replace(tmp, cache_dir / key)
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -133,7 +133,7 @@ def _cache_args(cfg: RunConfig, base_dir, base_model, texts: list[str], precisio
         return None
     return {
         "cache_dir": cfg.eval_cache,
-        "base_identity": base_identity(str(base_dir), base_model, precision),
+        "base_identity": base_identity(str(base_dir), base_model, precision, cfg.eval_cache),
         "batch_size": cfg.eval_batch_size,
     }
 

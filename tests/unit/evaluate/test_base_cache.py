@@ -120,3 +120,120 @@ def test_a_changed_text_or_base_is_evaluated_again(tmp_path, models):
     seen = counting.windows
     run(identity="another base")
     assert counting.windows > seen
+
+
+# ------------------------------------------------------------------ identity by whole content; entries that heal
+def _model_dir(tmp_path, name: str, size: int = 4 << 20):
+    """A directory with a 'weights' file big enough that a sampled digest reads only part of it."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    (d / "model.safetensors").write_bytes(bytes(range(256)) * (size // 256))
+    return d
+
+
+def test_bases_that_differ_in_one_byte_anywhere_get_two_identities(tmp_path):
+    from posttrainllm.evaluate.base_cache import content_identity
+
+    a, b = _model_dir(tmp_path, "a"), _model_dir(tmp_path, "b")
+    assert content_identity(str(a)) == content_identity(str(b))
+    data = bytearray((b / "model.safetensors").read_bytes())
+    data[len(data) // 3 + 12345] ^= 1  # one bit, between the pieces a sampled digest reads
+    (b / "model.safetensors").write_bytes(bytes(data))
+    assert content_identity(str(a)) != content_identity(str(b))
+
+
+def test_the_identity_is_remembered_by_size_and_mtime_and_redone_on_change(tmp_path, monkeypatch):
+    import os
+
+    from posttrainllm.evaluate import base_cache
+    from posttrainllm.rundir import layout
+
+    d = _model_dir(tmp_path, "m")
+    reads = []
+    real = layout.sha256
+    monkeypatch.setattr(layout, "sha256", lambda p: reads.append(p) or real(p))
+    first = base_cache.content_identity(str(d), tmp_path / "cache")
+    n = len(reads)
+    assert n == 2 and base_cache.content_identity(str(d), tmp_path / "cache") == first and len(reads) == n
+    weights = d / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[7] ^= 1
+    st = weights.stat()
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert base_cache.content_identity(str(d), tmp_path / "cache") != first and len(reads) == n + 1
+
+
+@pytest.mark.parametrize("damage", ["truncate_logp", "drop_counts", "bad_json", "empty_json", "old_version"])
+def test_a_damaged_entry_is_named_and_recorded_again(tmp_path, models, damage, capsys):
+    import json
+
+    tok, base, tuned = models
+    paths = _files(tmp_path, TEXT)
+    kw = {"cache_dir": tmp_path / "c", "base_identity": "b", "load_base": lambda: base}
+    _, good = evaluate_against_base(tuned, tok, paths, 24, **kw)
+    (entry,) = [p for p in (tmp_path / "c").iterdir() if p.is_dir()]
+    if damage == "truncate_logp":
+        f = entry / "topk_logp.bin"
+        f.write_bytes(f.read_bytes()[:-8])
+    elif damage == "drop_counts":
+        (entry / "counts.bin").unlink()
+    elif damage == "bad_json":
+        (entry / "result.json").write_text('{"k": 3, "vocab"')
+    elif damage == "empty_json":
+        (entry / "result.json").write_text("[]")
+    else:
+        meta = json.loads((entry / "result.json").read_text())
+        meta.pop("v")
+        (entry / "result.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    _, again = evaluate_against_base(tuned, tok, paths, 24, **kw)
+    err = capsys.readouterr().err
+    assert f"eval cache: entry {entry}" in err and "recording it again" in err
+    assert again["held0.txt"]["kl"] == pytest.approx(good["held0.txt"]["kl"], rel=1e-9)
+    _, third = evaluate_against_base(tuned, tok, paths, 24, **kw)  # repaired: read without a word
+    assert "eval cache" not in capsys.readouterr().err and third == again
+
+
+def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, models):
+    from posttrainllm.errors import DataError
+
+    tok, base, tuned = models
+    paths = _files(tmp_path, TEXT)
+    (tmp_path / "c").write_text("not a folder")
+    with pytest.raises(DataError, match=r"--eval-cache .*c is not a folder: name a folder"):
+        evaluate_against_base(
+            tuned, tok, paths, 24, cache_dir=tmp_path / "c", base_identity="b", load_base=lambda: base
+        )
+
+
+def test_the_kept_set_leaves_at_most_the_tail_mass_outside_or_is_counted_as_capped():
+    from posttrainllm.evaluate.base_cache import MIN_K, kept_set
+
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(6, 500) * torch.tensor([0.1, 1, 3, 8, 20, 50])[:, None], dim=-1)
+    idx, top, counts, tail, capped = kept_set(logp, 10_000, 1e-4)
+    assert capped == 0 and counts.min() >= MIN_K
+    start = 0
+    for t in range(6):
+        ids = idx[start : start + counts[t]]
+        start += int(counts[t])
+        inside = logp[t, ids].exp().sum()
+        assert 1 - inside <= 1e-4 + 1e-6 and torch.allclose(tail[t].exp(), 1 - inside, atol=1e-6)
+        fewer = torch.topk(logp[t], int(counts[t]) - 1).values.exp().sum()
+        assert int(counts[t]) == MIN_K or 1 - fewer > 1e-4  # the fewest that leave at most 1e-4 outside
+    assert counts[0] > counts[-1]  # a flat distribution keeps more
+    _, _, counts, _, capped = kept_set(logp, 32, 1e-4)
+    assert capped >= 1 and counts.max() == 32
+
+
+def test_a_capped_cache_labels_its_kl_a_bound(tmp_path, models):
+    tok, base, tuned = models
+    paths = _files(tmp_path, TEXT)
+    kw = {"base_identity": "b", "load_base": lambda: base}
+    _, capped = evaluate_against_base(tuned, tok, paths, 24, cache_dir=tmp_path / "c1", top_k=4, **kw)
+    _, exact = evaluate_against_base(tuned, tok, paths, 24, cache_dir=tmp_path / "c2", **kw)
+    assert capped["held0.txt"]["kl_bound"] is True and "kl_bound" not in exact["held0.txt"]
+    reference = ev.evaluate_files(tuned, tok, paths, 24, progress=False, reference=base)["held0.txt"]["kl"]
+    assert capped["held0.txt"]["kl"] < exact["held0.txt"]["kl"] == pytest.approx(reference, rel=1e-3)
