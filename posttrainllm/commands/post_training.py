@@ -53,7 +53,7 @@ def setup(ctx: Context) -> Setup:
 
         prepared = vision_data.prepare(cfg, tokenizer, spec.data)
     else:
-        starting = _starting_model(cfg, model_path, ctx.precision, model_args)
+        starting = _starting_model(cfg, model_path, ctx.precision, model_args, tokenizer)
         prepared = pipeline.prepare(cfg, tokenizer, spec.data, *starting)
     if spec.rewards:
         check_reward_columns(prepared, cfg.reward_match)
@@ -119,9 +119,10 @@ def _vision(cfg: RunConfig, spec: CommandSpec, model_path: str) -> bool:
     return True
 
 
-def _starting_model(cfg: RunConfig, model_path: str, precision: str, model_args: dict):
+def _starting_model(cfg: RunConfig, model_path: str, precision: str, model_args: dict, tokenizer):
     """--self-replay's loader of the model training starts from (loaded for sampling, on the GPU when there is
-    one, and released before the model to train loads) and that model's identity; (None, None) without it."""
+    one, and released before the model to train loads; its embeddings grown to the tokenizer's tokens as the model
+    to train's are, e.g. for the EOS sft adds) and that model's identity; (None, None) without it."""
     if not cfg.self_replay:
         return None, None
     from posttrainllm import models
@@ -132,6 +133,8 @@ def _starting_model(cfg: RunConfig, model_path: str, precision: str, model_args:
 
         model = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision,
                                   model_args=model_args)  # fmt: skip
+        with torch.random.fork_rng(devices=[]):  # new rows' init draws nothing from the run's random state
+            models.fit_embeddings_to_tokenizer(model, tokenizer)
         return model.to("cuda") if torch.cuda.is_available() else model
 
     return load, input_identity(model_path) or {"ref": cfg.model}

@@ -361,3 +361,23 @@ def test_a_sweep_refuses_more_samples_than_its_cells_train_on():
     with pytest.raises(ConfigErrors) as e:
         parse("sft", [*base, "--self-replay", "0,1000000000"])
     assert any("--self-replay 1000000000" in p and "at most 4 samples" in p for p in e.value.problems)
+
+
+def test_a_tokenizer_without_bos_or_eos_samples_after_the_eos_sft_adds(alpaca, tmp_path):
+    """sft gives such a tokenizer a new <|endoftext|> EOS (a new embedding row): the sampling model gets that row
+    too, as the model to train does, so the samples start from it instead of failing on an index past the
+    embeddings."""
+    import torch
+
+    torch.manual_seed(0)
+    tok = build_tokenizer(specials=["<|pad|>"], pad_token="<|pad|>")
+    assert tok.bos_token is None and tok.eos_token is None
+    model_dir = tmp_path / "no-bos-eos"
+    build_tiny_model(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "run"
+    r = runner.invoke(app, _args("sft", model_dir, alpaca, out, "--self-replay", "2"))
+    assert r.exit_code == 0, r.output
+    assert len(_texts(out)) == 2
+    settings = json.loads((out / SELF_REPLAY_SETTINGS).read_text())
+    assert settings["prompt_ids"] == [len(tok)]  # the new EOS: the row past the model's embeddings
