@@ -246,11 +246,38 @@ class DivergenceGuardMixin:
             if good
             else "no checkpoint had been saved"
         )
+        low_precision = bool(self.args.bf16 or self.args.fp16)
+        advice = divergence_advice(
+            self.args.learning_rate, low_precision=low_precision, kl_beta=float(getattr(self, "kl_beta", 0.0) or 0.0)
+        )
         return (
             f"training diverged: {what} {when}; nothing from that point was saved and no final model was written "
-            f"({kept}). Try a lower --lr (now {self.args.learning_rate:g}), a "
-            "warmup (--warmup-ratio 0.05) or --precision fp32"
+            f"({kept}). {advice}"
         )
+
+
+KL_BETA_HUGE = 100.0  # a --kl-to-base above this is named as the likely cause of a divergence
+
+
+def divergence_advice(lr: float, *, low_precision: bool, kl_beta: float) -> str:
+    """What to try after a divergence, from the run's fields: a lower LR and a warmup always; fp32 only when the run
+    was not in fp32 (bf16/fp16); the KL anchor's weight when it is on, named as the likely cause when huge."""
+    tries = [f"a lower --lr (now {lr:g})", "a warmup (--warmup-ratio 0.05)"]
+    if low_precision:
+        tries.append("--precision fp32")
+    if kl_beta > KL_BETA_HUGE:
+        return (
+            f"The likely cause is the KL anchor's weight --kl-to-base {kl_beta:g}: the loss adds β × KL(base ‖ model), "
+            f"so any move from the base overflows; give a β of 0.01 to 1 (else try {_either(tries)})"
+        )
+    if kl_beta > 0:
+        tries.append(f"a lower --kl-to-base (now {kl_beta:g})")
+    return f"Try {_either(tries)}"
+
+
+def _either(items: list[str]) -> str:
+    """ "a, b or c"."""
+    return ", ".join(items[:-1]) + f" or {items[-1]}" if len(items) > 1 else items[0]
 
 
 class ResumedOrderMixin:

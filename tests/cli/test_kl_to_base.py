@@ -220,3 +220,29 @@ def test_kl_to_base_reaches_tensorboard_every_step(tiny_model_dir, alpaca_file, 
             scalars.update({e.step: e.value for e in acc.Scalars("train/kl_to_base")})
     assert sorted(scalars) == [1, 2, 3]
     assert all(scalars[s] == pytest.approx(steps[s]["kl_to_base"], rel=1e-6, abs=1e-12) for s in scalars)
+
+
+def test_a_huge_beta_that_diverges_names_kl_to_base_and_not_fp32_on_an_fp32_run(tiny_model_dir, alpaca_file, tmp_path):
+    out = tmp_path / "o"
+    args = cli_args("sft", tiny_model_dir, alpaca_file, out, precision="fp32", kl_to_base="1e30")
+    r = runner.invoke(app, [*args, "--batch-size", "4", "--max-steps", "3", "--save-steps", "1000", "--lr", "1e-2"])
+    assert r.exit_code == 1, r.output
+    line = " ".join(r.output.split())
+    assert "training diverged" in line and "--kl-to-base 1e+30" in line and "likely cause" in line
+    assert "--precision fp32" not in line
+
+
+@pytest.mark.parametrize(
+    "fields, present, absent",
+    [
+        (dict(low_precision=True, kl_beta=0.0), ["--lr (now 0.001)", "--precision fp32"], ["--kl-to-base"]),
+        (dict(low_precision=False, kl_beta=0.0), ["--lr (now 0.001)", "--warmup-ratio"], ["fp32", "--kl-to-base"]),
+        (dict(low_precision=False, kl_beta=0.5), ["a lower --kl-to-base (now 0.5)"], ["likely cause", "fp32"]),
+        (dict(low_precision=True, kl_beta=1e6), ["likely cause", "--kl-to-base 1e+06", "--precision fp32"], []),
+    ],
+)
+def test_the_divergence_advice_follows_the_runs_fields(fields, present, absent):
+    from posttrainllm.training.mixins import divergence_advice
+
+    advice = divergence_advice(1e-3, **fields)
+    assert all(p in advice for p in present) and not any(a in advice for a in absent), advice
