@@ -72,6 +72,8 @@ FORGETTING: tuple[Opt, ...] = (
         "forgetting without replay data (0 = off). Temperature 1, at most --max-length tokens, from BOS (or, for "
         "conversational sft data, as the answer to an empty user turn). Kept in OUT/self_replay.jsonl (settings "
         "in self_replay.json): the same --seed gives the same file, --resume reuses it and refuses a changed N. "
+        "N is at most what the run trains on (--max-steps × --batch-size × --grad-accum × --replay-ratio replay "
+        "rows; exit 2 above, naming the maximum). "
         "Not with --replay-dataset (pass an earlier run's self_replay.jsonl there to mix both). sft and finetune "
         "only (dpo and kto exit 2: a sample has no preference to learn). Cost on SmolLM2-135M at --max-length "
         "192: about 2 s per sample on one CPU core, so N = 256 takes about 9 min on a 2-core CPU's one thread "
