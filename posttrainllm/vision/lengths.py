@@ -119,6 +119,6 @@ def check(rows, processor, max_length: int | None, source: str, flag: str = "--d
         more = f" (and {len(cut) - 1} more of the {refs.num_rows} rows)" if len(cut) > 1 else ""
         raise UsageError(
             f"{flag} {source}: row {i}{more}: its image and prompt tokens ({before}) fill --max-length {max_length}, "
-            f"so truncation would cut its whole answer and train on nothing; give --max-length {whole} or more (the "
+            f"so truncation would cut its whole answer; give --max-length {whole} or more (the "
             "whole row), or smaller images or a shorter prompt"
         )
