@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 def _fields(cfg: RunConfig) -> dict[str, Any]:
     fields: dict[str, Any] = dict(max_length=cfg.max_length, packing=cfg.packing, dataset_num_proc=num_proc(cfg))
+    fields["loss_type"] = cfg.sft_loss_type  # nll or dft (TRL's loss; --kl-to-base adds its term on top)
     if cfg.packing:  # best-fit decreasing, padding-free: per-example position ids keep the examples apart
         fields.update(packing_strategy="bfd", padding_free=True)
     return fields
@@ -26,11 +27,18 @@ def max_length_steps(cfg: RunConfig, n_train: int | None) -> str:
     return steps_row(cfg, n_train, f"max length {cfg.max_length}")
 
 
+_DFT_ROW = "DFT: each loss token's NLL × its own probability (detached), mean over the loss tokens (--loss-type dft)"
+
+
 def _rows(cfg: RunConfig) -> dict[str, str | None]:
+    loss = {"loss": _DFT_ROW if cfg.sft_loss_type == "dft" else None}
     if not cfg.packing:
-        return {"packing": None}
+        return {"packing": None, **loss}
     row = "best-fit decreasing into rows of --max-length, padding-free (each example attends only to itself)"
-    return {"packing": row + ("; the steps above count examples, packed rows are fewer" if cfg.max_steps <= 0 else "")}
+    return {
+        "packing": row + ("; the steps above count examples, packed rows are fewer" if cfg.max_steps <= 0 else ""),
+        **loss,
+    }
 
 
 SPEC = CommandSpec(
@@ -39,7 +47,7 @@ SPEC = CommandSpec(
     trainer="trl:SFTTrainer",
     trainer_config="trl:SFTConfig",
     trainer_fields=_fields,
-    owned_fields={"packing": "--packing", "padding_free": "--packing"},  # SFTConfig's own loss_type stays free
+    owned_fields={"packing": "--packing", "padding_free": "--packing", "loss_type": "--loss-type"},
     data="sft",
     vision=True,
     lr=2e-5,

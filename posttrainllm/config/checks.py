@@ -56,6 +56,7 @@ DPO_LOSS_TYPES = (
     "sft",
     "sigmoid_norm",
 )
+SFT_LOSS_TYPES = ("nll", "dft")  # SFTConfig.loss_type: cross-entropy, Dynamic Fine-Tuning
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "all")
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _SKIP_IN_RECORD = frozenset({"debug", "json", "recipe", "dry_run", "overwrite", "resume", "allow_config_change"})
+_RECORD_KEYS = {"sft_loss_type": "loss_type"}  # field -> recipe key, where they differ
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +64,7 @@ class RunConfig:
     seed: int = 42
     beta: float | None = None
     loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])
+    sft_loss_type: str = "nll"
     loss_weights: list[float] | None = None
     precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -126,5 +128,7 @@ class RunConfig:
         return list(self.names)
 
     def to_dict(self) -> dict[str, Any]:
-        """The command's options (not the run switches) for run_config.json and resume comparisons."""
-        return {"command": self.command, **{k: getattr(self, k) for k in self.names if k not in _SKIP_IN_RECORD}}
+        """The command's options (not the run switches) for run_config.json and resume comparisons, under their
+        recipe keys."""
+        kept = (k for k in self.names if k not in _SKIP_IN_RECORD)
+        return {"command": self.command, **{_RECORD_KEYS.get(k, k): getattr(self, k) for k in kept}}

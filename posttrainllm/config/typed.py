@@ -48,8 +48,10 @@ _TAIL = '''
         return list(self.names)
 
     def to_dict(self) -> dict[str, Any]:
-        """The command's options (not the run switches) for run_config.json and resume comparisons."""
-        return {"command": self.command, **{k: getattr(self, k) for k in self.names if k not in _SKIP_IN_RECORD}}
+        """The command's options (not the run switches) for run_config.json and resume comparisons, under their
+        recipe keys."""
+        kept = (k for k in self.names if k not in _SKIP_IN_RECORD)
+        return {"command": self.command, **{_RECORD_KEYS.get(k, k): getattr(self, k) for k in kept}}
 '''
 
 
@@ -93,7 +95,12 @@ def default(o: Opt) -> str:
 
 def render() -> str:
     fields = [f"    {name}: {annotation(o)} = {default(o)}" for name, o in options().items()]
-    return _HEAD + "\n".join(fields) + "\n" + _TAIL
+    keys = {o.name: o.recipe_key for o in (*OPTIONS, *EXTRA_OPTIONS.values()) if o.recipe_key != o.name}
+    head = _HEAD.replace(
+        "\n\n\n@dataclass",
+        f"\n_RECORD_KEYS = {json.dumps(keys)}  # field -> recipe key, where they differ\n\n\n@dataclass",
+    )
+    return head + "\n".join(fields) + "\n" + _TAIL
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ def test_trainer_arg_loss_type_is_refused_for_dpo_only():
         check_trainer_args(spec_of("dpo"), {"loss_type": "ipo"})
     with pytest.raises(ConfigErrors, match="set it with --loss-weights"):
         check_trainer_args(spec_of("dpo"), {"loss_weights": "[1]"})
-    assert check_trainer_args(spec_of("sft"), {"loss_type": "dft"}) == {"loss_type": "dft"}  # SFTConfig's own loss_type
+    with pytest.raises(ConfigErrors, match="set it with --loss-type"):
+        check_trainer_args(spec_of("sft"), {"loss_type": "dft"})  # SFTConfig's loss_type: sft's own --loss-type
 
 
 def test_banner_text_of_the_losses():

@@ -10,6 +10,7 @@ from posttrainllm.config.checks import (
     PRECISIONS,
     REPORT_TO,
     SCHEDULERS,
+    SFT_LOSS_TYPES,
     TRAINING,
     fraction_below_one,
     non_negative,
@@ -145,6 +146,19 @@ OPTIMISATION: tuple[Opt, ...] = (
         check=one_of(DPO_LOSS_TYPES),
         metavar="NAME",
         split=True,
+    ),
+    Opt(
+        name="sft_loss_type",
+        key="loss_type",
+        type=str,
+        default="nll",
+        help="SFT loss (TRL's loss_type): nll, the mean cross-entropy of the loss tokens; or dft, Dynamic "
+        "Fine-Tuning (arXiv 2508.05629): each token's NLL weighted by its own probability (detached), mean over the "
+        "same tokens. With --kl-to-base β: DFT + β × KL(base ‖ model), the ASFT form. The evaluation loss "
+        "(eval_loss) is the same loss; --ood-eval's perplexity stays the plain one.",
+        commands=("sft",),
+        check=one_of(SFT_LOSS_TYPES),
+        metavar="NAME",
     ),
     Opt(
         name="loss_weights",
