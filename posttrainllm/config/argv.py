@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posttrainllm.config.options import options_for
+from posttrainllm.config.options import EXTRA_OPTIONS, OPTIONS, options_for
 from posttrainllm.config.resolve import resolve
 from posttrainllm.config.runconfig import RunConfig
 from posttrainllm.errors import UsageError
@@ -24,6 +24,28 @@ def flag_table(command: str) -> dict[str, Any]:
         table[o.cli_flag] = o
         table.update(dict.fromkeys(o.deprecated_flags, o))
     return table
+
+
+def commands_taking(flag: str) -> list[str]:
+    """The commands that have an option `flag` (its name or an older name), in the order of the option table."""
+    found: dict[str, None] = {}
+    for o in (*OPTIONS, *EXTRA_OPTIONS.values()):
+        if flag == o.cli_flag or flag in o.deprecated_flags:
+            found.update(dict.fromkeys(o.commands))
+    return list(found)
+
+
+def not_an_option(command: str, flag: str) -> str | None:
+    """Why `command` refuses `flag` when other commands take it ("--kl-to-base is not an option of dpo (sft and
+    finetune take it); ..."); None when no command takes it, or `command` does."""
+    others = commands_taking(flag)
+    if not others or command in others:
+        return None
+    takers = ", ".join(others[:-1]) + f" and {others[-1]}" if len(others) > 1 else others[0]
+    return (
+        f"{flag} is not an option of {command} ({takers} take{'s' if len(others) == 1 else ''} it); "
+        f"`posttrainllm {command} --help` lists {command}'s options"
+    )
 
 
 def with_bare_values(command: str, args: list[str]) -> list[str]:
@@ -58,7 +80,7 @@ def parse(command: str, args: list[str]) -> dict[str, Any]:
         o = table.get(name)
         if o is None:
             what = f"No such option: {name}" if tok.startswith("-") else f"Got unexpected extra argument ({tok})"
-            raise UsageError(what)
+            raise UsageError((not_an_option(command, name) if tok.startswith("--") else None) or what)
         if o.type is bool:
             if eq:
                 raise UsageError(f"Option '{name}' does not take a value.")

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from posttrainllm.config.argv import not_an_option, to_config
 from posttrainllm.errors import ConfigErrors, PosttrainError, UsageError
 
 SWEEP_COMMANDS = ("sft", "dpo", "finetune")
@@ -158,14 +159,37 @@ _SWEEP_OPTIONS = {
 }
 
 
+# the sweep's axes that are options of the command as well: a command that does not take one refuses it here
+_COMMAND_AXES = ("--llrd", "--lr", "--replay-ratio", "--kl-to-base", "--self-replay", "--seed")
+
+
 def _numbers(flag: str, text: str, kind=float) -> list:
+    """The distinct values of a comma list. Two values that are written alike in a cell's folder and command line
+    (`%g`: 6 significant digits) are refused: they would be one cell, or one merge, twice."""
+    tokens = [x.strip() for x in text.split(",") if x.strip()]
     try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in tokens]
     except ValueError:
         raise UsageError(f"{flag}: expected a comma-separated list of numbers, got {text!r}") from None
     if not values:
         raise UsageError(f"{flag}: expected a comma-separated list of numbers, got {text!r}")
+    seen: dict[str, tuple[str, float]] = {}
+    for tok, v in zip(tokens, values):
+        shown = f"{v:g}"
+        if shown in seen and seen[shown][1] != v:
+            raise UsageError(
+                f"{flag}: {seen[shown][0]} and {tok} are both written {shown} in a cell's folder and command line; "
+                "give values that differ within 6 significant digits"
+            )
+        seen.setdefault(shown, (tok, v))
     return list(dict.fromkeys(values))
+
+
+def _one(flag: str, text: str, kind=float):
+    """The value of an option that takes one number (not a list)."""
+    if "," in text:
+        raise UsageError(f"{flag} takes one number, not a list: got {text!r}")
+    return _numbers(flag, text, kind)[0]
 
 
 def parse(command: str, args: list[str]) -> SweepSpec:
@@ -180,6 +204,9 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         tok = args[i]
         flag, eq, inline = tok.partition("=")
         if flag in _SWEEP_OPTIONS:
+            reason = not_an_option(command, flag) if flag in _COMMAND_AXES else None
+            if reason:
+                raise UsageError(reason)
             if eq:
                 value = inline
             elif i + 1 < len(args):
@@ -200,8 +227,8 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         lrs = _numbers("--lr", found["lrs"]) if "lrs" in found else None
         replay = _numbers("--replay-ratio", found.get("replay_ratios", "0"))
         seeds = _numbers("--seeds", found.get("seeds", "0"), int)
-        jobs = _numbers("--jobs", found.get("jobs", "1"), int)[0]
-        max_forgetting = _numbers("--max-forgetting", found.get("max_forgetting", "5"))[0]
+        jobs = _one("--jobs", found.get("jobs", "1"), int)
+        max_forgetting = _one("--max-forgetting", found.get("max_forgetting", "5"))
         kl_values = _numbers("--kl-to-base", found.get("kl_values", "0"))
         self_replays = _numbers("--self-replay", found.get("self_replays", "0"), int)
         merge_alphas = _numbers("--merge-alpha", found["merge_alphas"]) if "merge_alphas" in found else []
@@ -271,8 +298,6 @@ def _value(args: list[str], flag: str) -> str | None:
 
 def _check_cells(spec: SweepSpec) -> list[str]:
     """Each distinct cell configuration goes through the command's own validation (all problems, no model load)."""
-    from posttrainllm.config.argv import to_config
-
     problems: list[str] = []
     for cell in {Cell(c.gamma, c.lr, c.replay_ratio, spec.seeds[0], c.kl_to_base, c.self_replay) for c in spec.cells()}:
         argv = spec.argv(cell)
