@@ -18,7 +18,7 @@ from typer.core import TyperCommand, TyperGroup
 from posttrainllm import __version__
 from posttrainllm.commands.registry import SPECS
 from posttrainllm.config import Opt, options_for, resolve
-from posttrainllm.config.argv import with_bare_values
+from posttrainllm.config.argv import not_an_option, with_bare_values
 from posttrainllm.config.per_command import full_help
 from posttrainllm.errors import PosttrainError
 
@@ -50,26 +50,11 @@ class OptionalValueCommand(TyperCommand):
             return super().parse_args(ctx, with_bare_values(self.command_name, list(args)))
         except Exception as e:  # click's NoSuchOption carries the flag: say which commands do take it
             flag = getattr(e, "option_name", None)
-            others = _commands_taking(flag) if isinstance(flag, str) else []
-            if others and self.command_name not in others:
-                takers = ", ".join(others[:-1]) + f" and {others[-1]}" if len(others) > 1 else others[0]
-                e.message = (
-                    f"{flag} is not an option of {self.command_name} ({takers} take{'s' if len(others) == 1 else ''} "
-                    f"it); `posttrainllm {self.command_name} --help` lists {self.command_name}'s options"
-                )
+            reason = not_an_option(self.command_name, flag) if isinstance(flag, str) else None
+            if reason:
+                e.message = reason
                 e.possibilities = None
             raise
-
-
-def _commands_taking(flag: str) -> list[str]:
-    """The commands that have an option `flag` (its name or an older name), in the order of the option table."""
-    from posttrainllm.config.options import EXTRA_OPTIONS, OPTIONS
-
-    found: dict[str, None] = {}
-    for o in (*OPTIONS, *EXTRA_OPTIONS.values()):
-        if flag == o.cli_flag or flag in o.deprecated_flags:
-            found.update(dict.fromkeys(o.commands))
-    return list(found)
 
 
 app = typer.Typer(
@@ -204,10 +189,11 @@ Sweep options (comma-separated lists):
   --jobs N                  cells run in parallel (CPU: threads split; GPUs: one per job) [default: 1]
   --max-forgetting PCT      forgetting budget of the recommendation, in % [default: 5]
   --output-dir DIR          results.json, results.md, frontier.png, cells/ [default: runs/sweep-COMMAND-NAME]
-  --discard-weights         delete each cell's model weights once measured (keeps disk use small)
+  --discard-weights         delete each cell's weights and checkpoints once measured (keeps disk use small)
 
 Every cell is a normal COMMAND run (its options as usual, --eval-split or --eval-dataset and at least one
---ood-eval required); finished cells are skipped when the sweep is run again."""
+--ood-eval required). Run again, the sweep skips each cell that finished with the same settings and input
+contents, measures only added --merge-alpha values, and keeps every earlier point in results.json."""
 
 
 @app.command("sweep", help=SWEEP_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -230,8 +216,8 @@ def _sweep_command(
         if result.get("plot_note"):
             banner.note(result["plot_note"])
         console.print(f"results: {spec.output_dir / 'results.md'}")
-        if result["failed"] and not result["summary"]:
-            raise sweep.PosttrainError(f"every cell failed; see the logs in {spec.output_dir / 'logs'}")
+        if result["failed"]:
+            raise sweep.PosttrainError(sweep.failure_line(result, spec.output_dir))
 
     code = guarded(go, debug)
     if code:

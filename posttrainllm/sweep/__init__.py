@@ -2,7 +2,9 @@
 
 Every cell of the grid (γ × LR × replay ratio × seed) is one normal `posttrainllm COMMAND` run, in its own output
 directory under ``OUT/cells/``, started as a subprocess (so a failing cell does not stop the others, and each job
-gets its own threads or GPU). The sweep is resumable: a cell whose run finished with the same settings is skipped.
+gets its own threads or GPU). The sweep is resumable: a cell whose run finished with the same settings and the same
+input contents is skipped, the others run again, an added merge α is measured alone, and results.json keeps every
+point it held before (under "earlier" when not measured again: posttrainllm/sweep/records.py).
 
 Per cell it records the in-domain eval loss (from --eval-split / --eval-dataset), the out-of-domain perplexity
 change of every --ood-eval file, and for dpo the reward accuracy and margin. Cells are aggregated over seeds
@@ -25,6 +27,7 @@ from posttrainllm.errors import PosttrainError
 from posttrainllm.sweep.grid import NEAR_BEST, SWEEP_COMMANDS, Cell, SweepSpec, parse
 from posttrainllm.sweep.results import (
     efficient_branch,
+    failure_line,
     interpolate,
     plot_frontier,
     recommend,
@@ -41,6 +44,7 @@ __all__ = [
     "PosttrainError",
     "SweepSpec",
     "efficient_branch",
+    "failure_line",
     "interpolate",
     "parse",
     "plot_frontier",

@@ -1,6 +1,7 @@
 """The sweep's merges: every trained cell merged back toward the base at each --merge-alpha (uniform, and depth-scaled
 at each --merge-llrd γ), measured with no training by `posttrainllm merge ... --eval-dataset --ood-eval
---discard-weights`, one subprocess per (cell, γ), skipped on a re-run when its settings are unchanged.
+--discard-weights`, one subprocess per (cell, γ). Each merge folder's record keeps the points measured: a re-run
+measures only the α not measured yet for the same cell, settings and inputs (an added --merge-alpha adds points).
 
 All points of a frontier with merges are measured by that one evaluator: the merge of α = 1 is the trained cell
 itself, so the cell's in-domain loss (the completion loss on --eval-dataset) and its held-out perplexity change
@@ -17,6 +18,15 @@ import sys
 from pathlib import Path
 
 from posttrainllm.sweep.grid import Cell, Merge, SweepSpec, _value, _without
+from posttrainllm.sweep.records import (
+    MERGE_RECORD,
+    claim,
+    discarded_message,
+    has_weights,
+    read_record,
+    run_identity,
+    write_record,
+)
 
 # the cell's options a merge's measurement takes too (the window, the batch, remote code)
 _PASSED = ("--max-length", "--eval-batch-size")
@@ -26,9 +36,10 @@ def merge_dir(spec: SweepSpec, cell: Cell, gamma: float) -> Path:
     return spec.output_dir / "merges" / (cell.name + (f"-g{gamma:g}" if gamma != 1.0 else ""))
 
 
-def merge_argv(spec: SweepSpec, cell: Cell, gamma: float) -> list[str]:
-    """`posttrainllm merge` of one cell at every --merge-alpha (1.0 included: the cell itself, measured alike)."""
-    alphas = sorted({*spec.merge_alphas, 1.0})
+def merge_argv(spec: SweepSpec, cell: Cell, gamma: float, alphas: list[float] | None = None) -> list[str]:
+    """`posttrainllm merge` of one cell at `alphas` (default: every --merge-alpha and 1.0, the cell itself, measured
+    alike)."""
+    alphas = sorted({*spec.merge_alphas, 1.0}) if alphas is None else alphas
     args = [
         "merge",
         "--base", str(_value(spec.passthrough, "--model")),
@@ -52,27 +63,46 @@ def merge_argv(spec: SweepSpec, cell: Cell, gamma: float) -> list[str]:
     return args
 
 
-def _fingerprint(argv: list[str], cell_record: dict) -> str:
-    blob = json.dumps({"argv": _without(argv, "--eval-cache"), "cell": cell_record.get("fingerprint")})
+def _fingerprint(spec: SweepSpec, cell: Cell, gamma: float, cell_record: dict) -> str:
+    """What a merge point of the cell depends on, its α aside: the merge's options, the cell's settings and inputs
+    (which hold the base, the eval set and the held-out texts), and which training of the cell it merges."""
+    argv = _without(_without(merge_argv(spec, cell, gamma, []), "--eval-cache"), "--alpha")
+    cell_dir = spec.output_dir / "cells" / cell.name
+    blob = json.dumps({"argv": argv, "cell": cell_record.get("fingerprint"), "run": run_identity(cell_dir)})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _key(alpha: float) -> str:
+    return f"{alpha:g}"
+
+
 def run_merges(spec: SweepSpec, cell: Cell, cell_record: dict, env: dict) -> tuple[list[dict], list[dict]]:
-    """(records, failures) of the cell's merges; the cell's own record takes the α = 1 measurement."""
+    """(records, failures) of the cell's merges; the cell's own record takes the α = 1 measurement. The points a
+    run measured are kept in the merge folder's record: a re-run measures only the α it has not measured yet."""
     records, failed = [], []
+    wanted = sorted({*spec.merge_alphas, 1.0})
+    cell_dir = spec.output_dir / "cells" / cell.name
     for gamma in spec.merge_gammas:
-        argv = merge_argv(spec, cell, gamma)
         d = merge_dir(spec, cell, gamma)
-        done = d / "sweep_merge.json"
-        fp = _fingerprint(argv, cell_record)
-        if not (done.is_file() and json.loads(done.read_text()).get("fingerprint") == fp):
+        fp = _fingerprint(spec, cell, gamma, cell_record)
+        saved = read_record(d / MERGE_RECORD) or {}
+        points = saved.get("points") if saved.get("fingerprint") == fp else None
+        points = dict(points) if isinstance(points, dict) else {}
+        missing = [a for a in wanted if _key(a) not in points]
+        if missing and not has_weights(cell_dir):
+            error = discarded_message(cell.name, cell_dir, missing)
+            failed.append({"cell": f"{cell.name} merge γ={gamma:g}", "failed": True, "exit_code": 1, "error": error})
+        elif missing:
+            argv = merge_argv(spec, cell, gamma, missing)
             failure = _run(argv, d, spec, cell, gamma, env)
             if failure:
                 failed.append(failure)
-                continue
-            done.write_text(json.dumps({"fingerprint": fp, "argv": argv}))
-        results = json.loads((d / "merge_results.json").read_text())
-        records += _records(results, cell, cell_record, gamma)
+            else:
+                results = json.loads((d / "merge_results.json").read_text())
+                points.update({_key(p["alpha"]): p for p in results["points"] if p["label"] != "base"})
+                write_record(d, MERGE_RECORD, {"fingerprint": fp, "argv": argv, "points": points})
+        measured = [points[_key(a)] for a in wanted if _key(a) in points]
+        records += _records({"points": measured}, cell, cell_record, gamma, fp)
     return records, failed
 
 
@@ -80,6 +110,7 @@ def _run(argv: list[str], d: Path, spec: SweepSpec, cell: Cell, gamma: float, en
     log = spec.output_dir / "logs" / f"{d.name}.merge.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     if d.exists() and any(d.iterdir()):
+        claim(d, MERGE_RECORD)
         argv = [*argv, "--overwrite"]  # an unfinished or differently configured earlier attempt
     with open(log, "w") as f:
         f.write("$ posttrainllm " + " ".join(shlex.quote(a) for a in argv) + "\n")
@@ -92,7 +123,7 @@ def _run(argv: list[str], d: Path, spec: SweepSpec, cell: Cell, gamma: float, en
     return {"cell": f"{cell.name} merge γ={gamma:g}", "failed": True, "exit_code": rc, "error": tail[0][:300]}
 
 
-def _records(results: dict, cell: Cell, cell_record: dict, gamma: float) -> list[dict]:
+def _records(results: dict, cell: Cell, cell_record: dict, gamma: float, fingerprint: str | None = None) -> list[dict]:
     """One record per merge point; the α = 1, γ = 1 point updates the cell's own record instead."""
     out = []
     for p in results["points"]:
@@ -112,7 +143,7 @@ def _records(results: dict, cell: Cell, cell_record: dict, gamma: float) -> list
         record = {
             k: cell_record.get(k, 0) for k in ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "seed")
         }
-        out.append(
-            {**record, **measured, "cell": f"{cell.name}/{merge.name}", "merge": merge.name, "merge_label": merge.label}
-        )
+        name = f"{cell.name}/{merge.name}"
+        out.append({**record, **measured, "cell": name, "merge": merge.name, "merge_label": merge.label})
+        out[-1]["fingerprint"] = fingerprint
     return out

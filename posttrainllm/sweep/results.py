@@ -178,6 +178,33 @@ def recommendation_lines(result: dict) -> list[str]:
     return lines
 
 
+def failure_line(result: dict, out: Path) -> str:
+    """The one line a sweep with failed cells or merges exits with (exit 1, once results.json is written)."""
+    failed = result["failed"]
+    what = "every cell failed" if not result["summary"] else f"{len(failed)} of the sweep's cells and merges failed"
+    return (
+        f"{what} (first: {failed[0]['cell']}: {failed[0]['error']}); results.json keeps every point measured; "
+        f"see the logs in {out / 'logs'}"
+    )
+
+
+def _earlier_lines(result: dict) -> list[str]:
+    earlier = result.get("earlier") or []
+    if not earlier:
+        return []
+
+    def point(r: dict) -> str:
+        loss = r.get("eval_loss")
+        return f"{r.get('cell')} ({'no eval loss' if loss is None else f'eval loss {loss:.4f}'})"
+
+    return [
+        "",
+        f"Earlier points ({len(earlier)}: measured by earlier runs of this sweep with other settings or inputs, or "
+        'not in this grid; kept in results.json under "earlier", not on this frontier): '
+        + ", ".join(map(point, earlier)),
+    ]
+
+
 def write_markdown(result: dict, path: Path) -> None:
     summary = result["summary"]
     names = list(dict.fromkeys(n for r in summary for n in r["ood"]))
@@ -223,6 +250,7 @@ def write_markdown(result: dict, path: Path) -> None:
     lines += [f"- {line}" for line in recommendation_lines(result)]
     if result.get("failed"):
         lines += ["", "Failed cells: " + ", ".join(f"{f['cell']} ({f['error']})" for f in result["failed"])]
+    lines += _earlier_lines(result)
     lines += ["", "![frontier](frontier.png)", ""]
     path.write_text("\n".join(lines))
 

@@ -3,7 +3,6 @@ settings; the cell records."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -14,23 +13,39 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from posttrainllm.sweep.grid import EVAL_CACHE_FLAG, Cell, SweepSpec, _without
+from posttrainllm.sweep.records import (
+    CELL_RECORD,
+    cell_identity,
+    claim,
+    discard_weights,
+    earlier_points,
+    read_record,
+    why_again,
+    write_record,
+)
 from posttrainllm.sweep.results import plot_frontier, recommend, summarize, write_markdown
 
 
 # ------------------------------------------------------------------------------------------------ running
-def _fingerprint(spec: SweepSpec, cell: Cell) -> str:
-    """The cell's settings: its command line less where the base's evaluation is cached (which changes no result),
-    so cells of sweeps from before the cache keep their fingerprints."""
-    return hashlib.sha256(json.dumps(_without(spec.argv(cell), EVAL_CACHE_FLAG)).encode()).hexdigest()[:16]
+def _identity(spec: SweepSpec, cell: Cell, memo: dict) -> dict:
+    """The cell's settings and inputs (posttrainllm/sweep/records.py): its command line less where the base's
+    evaluation is cached (which changes no result), and what each input it reads holds."""
+    return cell_identity(spec.command, _without(spec.argv(cell), EVAL_CACHE_FLAG), memo)
 
 
-def _cell_done(spec: SweepSpec, cell: Cell) -> dict | None:
+def _saved(spec: SweepSpec, cell: Cell) -> dict | None:
+    """The record of the cell's last finished run (whatever its settings)."""
     d = spec.output_dir / "cells" / cell.name
-    record = d / "sweep_cell.json"
-    if not record.is_file() or not (d / "training_complete.json").is_file():
+    if not (d / "training_complete.json").is_file():
         return None
-    data = json.loads(record.read_text())
-    return data if data.get("fingerprint") == _fingerprint(spec, cell) else None
+    return read_record(d / CELL_RECORD)
+
+
+def _done(saved: dict | None, ident: dict) -> dict | None:
+    """The cell's record when its finished run had these settings and inputs."""
+    if saved is None or saved.get("fingerprint") != ident["fingerprint"]:
+        return None
+    return {k: v for k, v in saved.items() if k != "settings"}
 
 
 def _env_for(job: int, jobs: int) -> dict[str, str]:
@@ -56,12 +71,13 @@ def _cuda_devices() -> list[str]:
         return []
 
 
-def _run_cell(spec: SweepSpec, cell: Cell, job: int) -> dict:
+def _run_cell(spec: SweepSpec, cell: Cell, job: int, ident: dict) -> dict:
     d = spec.output_dir / "cells" / cell.name
     log = spec.output_dir / "logs" / f"{cell.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = spec.argv(cell)
     if d.exists() and any(d.iterdir()):
+        claim(d, CELL_RECORD)
         argv.append("--overwrite")  # an unfinished (or differently configured) earlier attempt of this cell
     t0 = time.time()
     with open(log, "w") as f:
@@ -76,19 +92,14 @@ def _run_cell(spec: SweepSpec, cell: Cell, job: int) -> dict:
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         return {"cell": cell.name, "failed": True, "exit_code": rc, "error": tail[0][:300], "log": str(log)}
-    record = _record(spec, cell, d, time.time() - t0)
-    (d / "sweep_cell.json").write_text(json.dumps(record, indent=2))
+    record = _record(cell, d, time.time() - t0, ident["fingerprint"])
+    write_record(d, CELL_RECORD, {**record, "settings": {"argv": ident["argv"], "inputs": ident["inputs"]}})
     if spec.discard_weights and not spec.merges():  # with merges: once they are measured (_merges)
-        _discard_weights(d)
+        discard_weights(d)
     return record
 
 
-def _discard_weights(cell_dir: Path) -> None:
-    for f in cell_dir.glob("*.safetensors"):
-        f.unlink()
-
-
-def _record(spec: SweepSpec, cell: Cell, d: Path, seconds: float) -> dict:
+def _record(cell: Cell, d: Path, seconds: float, fingerprint: str) -> dict:
     results = json.loads((d / "eval_results.json").read_text())
     metrics = results.get("train", {})
     ood = {name: r.get("change_pct") for name, r in (results.get("ood") or {}).items()}
@@ -107,7 +118,7 @@ def _record(spec: SweepSpec, cell: Cell, d: Path, seconds: float) -> dict:
         "train_loss": metrics.get("train_loss"),
         "ood_change_pct": ood,
         "seconds": round(seconds, 1),
-        "fingerprint": _fingerprint(spec, cell),
+        "fingerprint": fingerprint,
     }
     for key, name in (("eval_rewards/accuracies", "reward_accuracy"), ("eval_rewards/margins", "reward_margin")):
         if key in metrics:
@@ -119,21 +130,27 @@ def run(spec: SweepSpec, echo=print) -> dict:
     """Run (or skip) every cell, then aggregate, recommend and write results.json / results.md / frontier.png."""
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     cells = spec.cells()
+    previous = read_record(spec.output_dir / "results.json")
     records: dict[str, dict] = {}
-    todo = []
+    todo, memo = [], {}
+    idents = {cell.name: _identity(spec, cell, memo) for cell in cells}
     for cell in cells:
-        done = _cell_done(spec, cell)
+        saved = _saved(spec, cell)
+        done = _done(saved, idents[cell.name])
         if done is not None:
             records[cell.name] = done
-        else:
-            todo.append(cell)
+            continue
+        todo.append(cell)
+        why = why_again(saved, idents[cell.name])
+        if why:
+            echo(f"{cell.name}: runs again: {why}")
     echo(
         f"sweep: {len(cells)} cells ({len(cells) - len(todo)} already done, {len(todo)} to run, {spec.jobs} at a time)"
         f" → {spec.output_dir}"
     )
     failed = []
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
-        futures = [pool.submit(_run_cell, spec, cell, i % spec.jobs) for i, cell in enumerate(todo)]
+        futures = [pool.submit(_run_cell, spec, cell, i % spec.jobs, idents[cell.name]) for i, cell in enumerate(todo)]
         for n, fut in enumerate(futures, start=1):
             rec = fut.result()
             if rec.get("failed"):
@@ -167,6 +184,7 @@ def run(spec: SweepSpec, echo=print) -> dict:
         "options": spec.passthrough,
         "max_forgetting_pct": spec.max_forgetting,
         "cells": ordered,
+        "earlier": earlier_points(previous, ordered),
         "failed": failed,
         "summary": summary,
         "recommendation": recommend(summary, spec.max_forgetting),
@@ -193,7 +211,7 @@ def _merges(spec: SweepSpec, cells: list[Cell], records: dict, failed: list, ech
             merged, bad = fut.result()
             out += merged
             if spec.discard_weights and not bad:  # measured: the cell's weights can go now
-                _discard_weights(spec.output_dir / "cells" / cell.name)
+                discard_weights(spec.output_dir / "cells" / cell.name)
             failed += bad
             for f in bad:
                 echo(f"{f['cell']}: FAILED (exit {f['exit_code']}): {f['error']}")
