@@ -44,7 +44,9 @@ def test_a_cells_inputs_are_read_as_resume_reads_them(files, tmp_path):
     assert "--eval-cache" not in ident["argv"]
 
 
-@pytest.mark.parametrize("name, readers", [("r.txt", {0.25}), ("o.txt", {0.0, 0.25}), ("d.jsonl", {0.0, 0.25})])
+@pytest.mark.parametrize(
+    "name, readers", [("r.txt", {0.25}), ("o.txt", {0.0, 0.25}), ("d.jsonl", {0.0, 0.25}), ("e.jsonl", {0.0, 0.25})]
+)
 def test_a_file_rewritten_in_place_changes_the_fingerprint_of_the_cells_that_read_it(name, readers, files, tmp_path):
     spec = _spec(files, tmp_path)
     cells = spec.cells()
@@ -54,7 +56,13 @@ def test_a_file_rewritten_in_place_changes_the_fingerprint_of_the_cells_that_rea
     changed = {r for r in before if before[r]["fingerprint"] != after[r]["fingerprint"]}
     assert changed == readers
     for r in changed:
-        option = "--" + {"r.txt": "replay-dataset", "o.txt": "ood-eval", "d.jsonl": "dataset"}[name]
+        option = {
+            "r.txt": "--replay-dataset",
+            "o.txt": "--ood-eval",
+            "d.jsonl": "--dataset",
+            "e.jsonl": "--eval-dataset",
+        }
+        option = option[name]
         saved = {"settings": {"argv": before[r]["argv"], "inputs": before[r]["inputs"]}}
         assert why_again(saved, after[r]) == f"the contents of {option} changed"
 
