@@ -1,5 +1,5 @@
 """Running the cells: one subprocess each (its own threads or GPU), skipped when already done with the same
-settings; the cell records."""
+settings and input contents (posttrainllm/sweep/records.py); the cell records."""
 
 from __future__ import annotations
 
