@@ -183,7 +183,8 @@ def option_value(opt: Opt, raw: Any, origin: str) -> tuple[Any, str | None]:
             return key_values(raw, numbers=opt.item_type is float), None
         if opt.type is list:
             return _entries(opt, raw), None
-        return convert(raw, opt.type), None
+        value = convert(raw, opt.type)
+        return (not value if opt.negates and origin == "cli" else value), None
     except _Empty:
         where = f"{opt.cli_flag}" if origin == "cli" else f"recipe key '{opt.recipe_key}'"
         return None, f"{where} is empty ({quote(raw)}): give a value ({opt.metavar or opt.recipe_key})"

@@ -25,6 +25,8 @@ class Opt:
     metavar: str | None = None
     flag: str | None = None
     bare: Any = None  # value of the flag given without a value (e.g. `--llrd` alone → 0.95)
+    negates: bool = False  # a bool option whose flag turns it off (`--no-padding-free`: padding_free false);
+    # its recipe key holds the value itself (`padding_free: false`)
     required: bool = False
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"

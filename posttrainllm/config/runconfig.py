@@ -69,6 +69,7 @@ class RunConfig:
     precision: str = "auto"
     gradient_checkpointing: bool = False
     packing: bool = False
+    padding_free: bool = True
     report_to: str = "none"
     ddp_timeout: int = 1800
     trainer_args: dict[str, Any] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from posttrainllm.training.mixins import (
     ResumedOrderMixin,
     check_distributed_engine,
 )
+from posttrainllm.training.padding_free import PaddingFreeMixin
 from posttrainllm.training.progress import _log_callbacks, interactive
 
 if TYPE_CHECKING:
@@ -29,17 +30,25 @@ if TYPE_CHECKING:
 @functools.cache
 def trainer_class(base: type, samples: bool, anchored: bool) -> type:
     """`base` (a transformers/TRL trainer class) with posttrainllm's mixins in front: FSDP2 on CPU, the divergence
-    guard, the plan's groups through create_optimizer, (`anchored`: --kl-to-base) the KL anchor's loss, and
-    (`samples`: TRL's RepeatSampler) the resumed order. One class per trainer class; the plan and the anchor's base
-    are constructor arguments (`llrd_plan=`, `kl_base=`), never part of the class."""
+    guard, the plan's groups through create_optimizer, (`anchored`: --kl-to-base) the KL anchor's loss,
+    (`samples`: TRL's RepeatSampler) the resumed order, and (SFTTrainer) padding-free batches where exact. One class
+    per trainer class; the plan and the anchor's base are constructor arguments (`llrd_plan=`, `kl_base=`), never part
+    of the class."""
     mixins: tuple[type, ...] = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((KLToBaseMixin,) if anchored else ())
     mixins += (ResumedOrderMixin,) if samples else ()
+    mixins += (PaddingFreeMixin,) if _is_sft(base) else ()
 
     class Trainer(*mixins, base):  # type: ignore[misc]
         pass
 
     Trainer.__name__ = Trainer.__qualname__ = f"LLRD{base.__name__}"
     return Trainer
+
+
+def _is_sft(base: type) -> bool:
+    from trl import SFTTrainer
+
+    return issubclass(base, SFTTrainer)
 
 
 def build_trainer(

@@ -58,6 +58,9 @@ def test_sft_trains_saves_with_its_processor_and_generate_answers(vlm_dir, tmp_p
     assert type(model).__name__ == type(AutoModelForImageTextToText.from_pretrained(vlm_dir)).__name__
     assert processor.chat_template and type(processor).__name__ == type(AutoProcessor.from_pretrained(vlm_dir)).__name__
     check_assistant_only_labels(captured_trainer[0], processor)
+    # padding-free batches take no images: padded, and the banner says why
+    assert "padded: a vision-language model" in " ".join(r.output.split()) and not captured_trainer[0].padding_free
+    assert json.loads((out / "run_config.json").read_text())["padding_free_used"] is False
 
     image = tmp_path / "data" / write_images(tmp_path / "data")["green"]
     r = runner.invoke(app, cli_args("generate", out, image=image, prompt="What color is the square?",

@@ -150,7 +150,10 @@ def test_sft_packing_trains_padding_free_rows_and_says_so(captured_trainer, tiny
     assert int((batch["position_ids"][0] == 0).sum()) == len(rows[0]["seq_lengths"]) + len(rows[1]["seq_lengths"])
     saved = json.loads((tmp_path / "o" / "run_config.json").read_text())
     assert saved["packing"] is True
-    # unpacked, the same run has one example per row
-    r = CliRunner().invoke(app, argv[:-1] + ["--output-dir", str(tmp_path / "u")])
+    # unpacked, the same run has one example per row: padded with --no-padding-free, else padding-free batches
+    r = CliRunner().invoke(app, argv[:-1] + ["--no-padding-free", "--output-dir", str(tmp_path / "u")])
     assert r.exit_code == 0, r.output
     assert len(seen[1].train_dataset) == n_examples and not seen[1].padding_free
+    r = CliRunner().invoke(app, argv[:-1] + ["--output-dir", str(tmp_path / "f")])
+    assert r.exit_code == 0, r.output
+    assert len(seen[2].train_dataset) == n_examples and seen[2].padding_free and not seen[2].args.packing
