@@ -31,6 +31,13 @@ class ConfigErrors(UsageError):
         super().__init__(text)
 
 
+class BudgetNotMet(PosttrainError):
+    """--max-forgetting: only the starting model meets the forgetting budget (the run's records are written). Exit
+    code 3, apart from other failures, for CI gates (merging/budget.py)."""
+
+    exit_code = 3
+
+
 class DataError(PosttrainError):
     """The dataset cannot be read or has the wrong shape. Exit code 1."""
 

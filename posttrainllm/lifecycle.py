@@ -333,18 +333,79 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
         from posttrainllm import drift
 
         drift_report = drift.measure(trainer.model, baseline, s.plan)  # every rank: FSDP gathers sharded tensors
-    after = None
+    after, budget = None, None
     if before is not None:  # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
         after = ood_after(s, trainer.model, precision)
+        if cfg.max_forgetting is not None:
+            budget, after, sizes = meet_budget(s, trainer, metrics, before, after, precision, run_dir, sizes)
     report = None
     if trainer.is_world_process_zero():
-        report = _write_records(s, trainer, metrics, sizes, run_dir, before, after, drift_report, t0)
+        report = _write_records(s, trainer, metrics, sizes, run_dir, before, after, drift_report, t0, budget)
     run_dir.finish()  # the new final save is complete: what --overwrite moved aside can go
     if trainer.is_world_process_zero():
         if report:
             banner.print_forgetting(report)
         if drift_report is not None:
             banner.print_drift(drift_report)
+        if budget is not None:
+            banner.print_budget(budget)
+    if budget is not None and budget["only_base"]:
+        from posttrainllm.errors import BudgetNotMet
+
+        raise BudgetNotMet(
+            f"--max-forgetting {cfg.max_forgetting:g}: only the starting model meets it (every merge toward it that "
+            f"was measured, down to α {min(t['alpha'] for t in budget['tried']):g}, forgets more); the trained model "
+            f"is in {cfg.output_dir}. Raise the budget, lower --lr, or add replay"
+        )
+
+
+def meet_budget(s: Setup, trainer, metrics: dict, before: dict, after: dict, precision: str, run_dir, sizes):
+    """--max-forgetting: (the budget record, the output's held-out results, the output's file sizes). The largest
+    uniform merge toward the starting model within the budget (merging/budget.py) becomes the run's output; the
+    trained model is kept in OUT/unmerged/. Its in-domain eval loss at α gives the share of the gain it keeps."""
+    from posttrainllm.evaluate import forgetting_report
+    from posttrainllm.evaluate.precision import scoring_autocast
+    from posttrainllm.merging import budget as B
+
+    cfg = s.cfg
+    at_one = B.mean_change(forgetting_report(before, after))
+    merge = None
+
+    def measure(alpha: float):
+        nonlocal merge
+        if merge is None:  # the starting model, loaded as the run loaded it, only when a merge is measured
+            merge = B.Interpolation(trainer.model, kl_reference(cfg, s.model_path, precision))
+        merge.set(alpha)
+        with scoring_autocast(precision):
+            return B.mean_change(forgetting_report(before, ood_eval(trainer.model, s.tokenizer, cfg)))
+
+    found = B.search(measure, cfg.max_forgetting, at_one=at_one)
+    record = {"max_forgetting_pct": cfg.max_forgetting, **found, "unmerged_dir": None, "kept_gain": None}
+    if found["alpha"] == 1.0 or found["only_base"]:
+        if merge is not None:
+            merge.set(1.0)
+        return record, after, sizes
+    merge.set(1.0)
+    unmerged = Path(cfg.output_dir) / B.UNMERGED
+    run_dir.own([B.UNMERGED])
+    checkpoints.save_final(trainer, s.tokenizer, str(unmerged))
+    losses = {}
+    if s.prepared.eval is not None:
+        for alpha in (0.0, found["alpha"]):
+            merge.set(alpha)
+            losses[alpha] = _eval_loss(trainer)
+    merge.set(found["alpha"])
+    sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
+    record.update(unmerged_dir=str(unmerged), eval_loss=losses.get(found["alpha"]))
+    record["kept_gain"] = B.kept_gain(losses.get(0.0), metrics.get("eval_loss"), losses.get(found["alpha"]))
+    return record, ood_after(s, trainer.model, precision), sizes
+
+
+def _eval_loss(trainer) -> float | None:
+    """The in-domain eval loss of the trainer's model as it is now, without logging it (no entry in the run's log)."""
+    loader = trainer.get_eval_dataloader()
+    loop = trainer.evaluation_loop(loader, "budget", prediction_loss_only=True, metric_key_prefix="budget")
+    return loop.metrics.get("budget_loss")
 
 
 def peak_memory() -> int:
@@ -360,12 +421,15 @@ def peak_memory() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
 
 
-def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, drift_report, t0) -> dict | None:
-    """trainer_state.json, eval_results.json (with forgetting and drift), the model card, then the final marker."""
+def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, drift_report, t0, budget=None):
+    """trainer_state.json, eval_results.json (with forgetting, drift and the budget), the model card, then the final
+    marker. Returns the forgetting report (None without --ood-eval)."""
     cfg = s.cfg
     out = Path(cfg.output_dir)
     trainer.state.save_to_json(str(out / "trainer_state.json"))
     results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2), "peak_memory_bytes": peak_memory()}
+    if budget is not None:
+        results["budget"] = budget
     report = None
     if before is not None:
         from posttrainllm.evaluate import forgetting_report
@@ -377,7 +441,7 @@ def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, dr
         results["drift"] = drift_report
         records.write_drift(run_dir, out, drift_report)
     write_json(out / "eval_results.json", results)
-    records.write_model_card(cfg, run_dir, s.plan, s.prepared, metrics, report, drift_report, s.model_path)
+    records.write_model_card(cfg, run_dir, s.plan, s.prepared, metrics, report, drift_report, s.model_path, budget)
     write_json(
         out / layout.FINAL_MARKER,
         {

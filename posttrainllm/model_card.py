@@ -31,6 +31,7 @@ def render(
     drift: dict | None = None,
     output_dir: str = "",
     model_source: dict | None = None,
+    budget: dict | None = None,
 ) -> str:
     """The card's text. `data`: source, format, n_train, n_eval (and eval source); `metrics`: the trainer's."""
     hub_base = base_model if base_model and _is_hub_id(base_model) else None
@@ -59,8 +60,32 @@ def render(
     if recipe:
         lines += [f"Recipe: `{recipe}` (command-line flags override it).", ""]
     lines += _plan_section(plan) + _data_section(data) + _results_section(metrics)
-    lines += _forgetting_section(forgetting) + _drift_section(drift)
+    lines += _forgetting_section(forgetting) + _budget_section(budget) + _drift_section(drift)
     return "\n".join(front + lines)
+
+
+def _budget_section(budget: dict | None) -> list[str]:
+    """--max-forgetting: the α chosen toward the starting model, the share of the gain kept, every α tried."""
+    if not budget:
+        return []
+    pct = f"{budget['max_forgetting_pct']:g}%"
+    if budget["only_base"]:
+        what = f"Only the starting model meets the forgetting budget of {pct}: this is the trained model, unmerged."
+    elif budget["alpha"] == 1.0:
+        what = f"The trained model meets the forgetting budget of {pct} as it is (α = 1)."
+    else:
+        kept = budget.get("kept_gain")
+        what = (
+            f"This is the trained model merged back toward the starting model at α = {budget['alpha']:g}, the "
+            f"largest found whose mean held-out perplexity change is within {pct}"
+            + ("" if kept is None else f"; it keeps {100 * kept:.1f}% of the in-domain gain")
+            + f". The trained model itself is in `{Path(budget['unmerged_dir']).name}/`."
+        )
+    lines = ["## Forgetting budget (--max-forgetting)", "", what, "", "| α | mean perplexity change |", "|---|---|"]
+    for t in budget["tried"]:
+        change = "-" if t["ppl_change_pct"] is None else f"{t['ppl_change_pct']:+.2f}%"
+        lines.append(f"| {t['alpha']:g} | {change} |")
+    return lines + [""]
 
 
 def _origin(base_model: str | None, hub_base: str | None, model_source: dict | None) -> str:

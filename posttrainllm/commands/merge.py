@@ -4,6 +4,7 @@ directory, which follows the project's claim and --overwrite rules (posttrainllm
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,17 @@ def config_problems(cfg: RunConfig) -> list[str]:
             f"--llrd / --llrd-bottom-scale set the geometric schedule: not with --depth-schedule {cfg.depth_schedule}"
         )
     problems += _alpha_problems(list(cfg.alpha or []))
+    if cfg.max_forgetting is None and not cfg.alpha:
+        problems.append("missing --alpha A[,A...] (or --max-forgetting PCT, which chooses α itself)")
+    if cfg.max_forgetting is not None:
+        if cfg.alpha:
+            problems.append("--max-forgetting chooses α itself: give it or --alpha, not both")
+        if not cfg.ood_eval:
+            problems.append("--max-forgetting needs --ood-eval FILE: the budget is the held-out perplexity change")
+        if cfg.depth_schedule != "geometric" or cfg.llrd != 1.0 or cfg.llrd_bottom_scale:
+            problems.append("--max-forgetting searches uniform merges: not with a depth schedule")
+        if cfg.discard_weights:
+            problems.append("--max-forgetting writes the merge it chooses: not with --discard-weights")
     if cfg.discard_weights and not (cfg.eval_dataset or cfg.ood_eval):
         problems.append("--discard-weights keeps only measurements: give --eval-dataset and/or --ood-eval")
     return problems
@@ -183,6 +195,12 @@ def main(cfg: RunConfig) -> None:
         raise ConfigErrors(problems)
     quiet_progress_bars()
     base, tuned, base_tensors, tuned_tensors = _sources(cfg)
+    budget = None
+    if cfg.max_forgetting is not None:  # α chosen before anything is written
+        if tuned_tensors is None:
+            tuned_tensors = _adapter_tensors(base, tuned, base_tensors, cfg.trust_remote_code)
+        budget = _budget(cfg, base, tuned, tuned_tensors)
+        cfg = dataclasses.replace(cfg, alpha=[budget["alpha"]])
     gamma = _gamma(cfg, base)
     # the plan on the meta device: a bad --llrd-blocks fails here, before the output directory is claimed
     all_scales = _scales(cfg, base, gamma, base_tensors.names())
@@ -192,7 +210,7 @@ def main(cfg: RunConfig) -> None:
     with run_dir:
         if tuned_tensors is None:
             tuned_tensors = _adapter_tensors(base, tuned, base_tensors, cfg.trust_remote_code)
-        records = {"base": src.source_record(base), "model": src.source_record(tuned)}
+        records = {"base": src.source_record(base), "model": src.source_record(tuned), "budget": budget}
         out = Path(cfg.output_dir).expanduser()
         single = len(all_scales) == 1 and not cfg.discard_weights
         targets = [out if single else out / alpha_folder(s.alpha) for s in all_scales]
@@ -212,6 +230,35 @@ def main(cfg: RunConfig) -> None:
         run_dir.finish()
     if measuring:
         banner.console.print(f"results: {out / RESULTS}")
+    if budget is not None:
+        banner.print_budget({**budget, "kept_gain": None, "unmerged_dir": cfg.model})
+        if budget["only_base"]:
+            from posttrainllm.errors import BudgetNotMet
+
+            raise BudgetNotMet(
+                f"--max-forgetting {cfg.max_forgetting:g}: only the base meets it (every merge measured, down to α "
+                f"{min(t['alpha'] for t in budget['tried']):g}, forgets more); {out} holds the base (α 0)"
+            )
+
+
+def _budget(cfg: RunConfig, base, tuned, tuned_tensors) -> dict:
+    """--max-forgetting: the largest uniform α within the budget (merging/budget.py), measured on models loaded in
+    memory and scored at --precision; the tuned model of an adapter is the base with the merged adapter's tensors."""
+    from posttrainllm.evaluate import load_for_eval
+    from posttrainllm.merging import budget as B
+    from posttrainllm.merging import sources as src
+    from posttrainllm.models import pick_precision
+
+    trust = cfg.trust_remote_code
+    base_model, _ = load_for_eval(str(base.path), trust_remote_code=trust)
+    model, tokenizer = load_for_eval(str(base.path if tuned.is_adapter else tuned.path), trust_remote_code=trust)
+    if tuned.is_adapter:
+        names = src.checkpoint_names(model, tuned_tensors.names())
+        state = {names.get(n, n): tuned_tensors.read(n).to(model.dtype) for n in tuned_tensors.names()}
+        model.load_state_dict(state, strict=False)
+    texts = [str(p) for p in cfg.ood_eval]
+    return B.search_models(model, base_model, tokenizer, texts, cfg.max_length, cfg.max_forgetting,
+        batch_size=cfg.eval_batch_size, precision=pick_precision(cfg.precision))  # fmt: skip
 
 
 def _eval_examples(cfg: RunConfig):
@@ -324,6 +371,7 @@ def _write_one(cfg: RunConfig, scales, gamma, target: Path, base, tuned, base_te
         "schedule": schedule,
         "base": records["base"],
         "model": records["model"],
+        **({"budget": records["budget"]} if records.get("budget") else {}),
         "weights": weights,
         "command": ["posttrainllm", *cfg.argv],
         "posttrainllm_version": __version__,

@@ -161,6 +161,13 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for check in spec_of(command).checks:  # the command's own cross-checks (its spec)
         problems += check(command, v)
     problems += eval_cache_problems({**v, "command": command})
+    if v.get("max_forgetting") is not None and command != "merge" and not v.get("ood_eval"):
+        problems.append("--max-forgetting needs --ood-eval FILE: the budget is the held-out perplexity change")
+    if v.get("max_forgetting") is not None and v.get("lora_r"):
+        problems.append(
+            "--max-forgetting merges the trained weights toward the starting ones, which LoRA does not train: "
+            "merge the adapter with posttrainllm merge --max-forgetting PCT"
+        )
     if command == "generate" and v.get("output") and v.get("prompt") is None:  # needs the option table's inputs
         inputs = local_inputs({**v, "command": command})
         problems += output_file_problems("--output", v["output"], bool(v.get("overwrite")), inputs)
@@ -214,5 +221,5 @@ def _replay_checks(command: str, v: dict[str, Any]) -> list[str]:
     elif n:  # no more samples than the run trains on (the sweep's cells are resolved here too)
         from posttrainllm.data.self_replay import count_problems
 
-        problems += count_problems(command, v)
+        problems += count_problems(v, blocks=spec_of(command).data == "text")
     return problems

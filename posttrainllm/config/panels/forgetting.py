@@ -28,11 +28,29 @@ FORGETTING: tuple[Opt, ...] = (
         default=None,
         help="Folder where the base's held-out evaluation (--ood-eval) is kept and reused: the base is scored once "
         "per text and window, and every later run from the same base takes its perplexity from there and computes "
-        "its KL in one forward (over the base's top 256 tokens plus the rest lumped together: a lower bound of the "
-        "exact KL, equal to it for a vocabulary of at most 256 tokens). posttrainllm sweep sets it for its cells "
-        "and merges. One process only (several ranks score the base themselves).",
+        "its KL in one forward (over the base's most likely tokens per position, as many as leave at most 1e-4 of "
+        "its probability outside, up to 8192, the rest lumped together: within 1% of the exact KL where measured; "
+        "a position that needs more makes the figure a lower bound, printed with ≥). Never inside --model or a "
+        "data set's folder. posttrainllm sweep sets it for its cells and merges. One process only (several ranks "
+        "score the base themselves).",
         commands=LANGUAGE_MODELS,
         metavar="DIR",
+        panel="Forgetting",
+    ),
+    Opt(
+        name="max_forgetting",
+        type=float,
+        default=None,
+        help="Forgetting budget in percent: after training, the run's output becomes the largest uniform merge "
+        "toward the starting model (α in [0, 1], found by bisection to 1/128) whose mean --ood-eval perplexity "
+        "change is at most PCT; the trained model is kept in OUT/unmerged/, and the α, every α tried and the share "
+        "of the in-domain gain kept go to eval_results.json and the model card. α = 1 when the trained model "
+        "meets it. Exit code 3 when only the starting model meets it (for CI gates). Needs --ood-eval; not with "
+        "--lora-r (merge the adapter with posttrainllm merge --max-forgetting). merge: the α of its one merged "
+        "model, in place of --alpha.",
+        commands=(*LANGUAGE_MODELS, "merge"),
+        check=non_negative,
+        metavar="PCT",
         panel="Forgetting",
     ),
     Opt(

@@ -63,7 +63,6 @@ MERGE: tuple[Opt, ...] = (
         commands=_CMD,
         check=unit_interval,
         metavar="A[,A...]",
-        required=True,
         panel=_PANEL,
         item=float,
         split=True,
