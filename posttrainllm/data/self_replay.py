@@ -98,24 +98,25 @@ class SelfReplay:
 
 
 # --------------------------------------------------------------------------------- how many samples a run uses
-def _per_row(command: str, packing: bool, max_length: int | None) -> tuple[int, str]:
+def _per_row(blocks: bool, packing: bool, max_length: int | None) -> tuple[int, str]:
     """Samples one replay row can hold, and the words for it: one (an sft row is one chunk of one sample); a token
-    block (finetune) or a packed sft row holds at most --max-length of them (a sample is at least one token)."""
-    if (command == "finetune" or packing) and max_length:
-        what = "blocks" if command == "finetune" else "packed rows"
+    block (finetune's text) or a packed sft row holds at most --max-length of them (a sample is at least one token)."""
+    if (blocks or packing) and max_length:
+        what = "blocks" if blocks else "packed rows"
         return max_length, f"replay {what} of --max-length {max_length} tokens (a sample is at least one token)"
     return 1, "replay rows (one sample each)"
 
 
-def count_problems(command: str, v: dict) -> list[str]:
+def count_problems(v: dict, *, blocks: bool) -> list[str]:
     """--self-replay N above the most samples the run can train on (one line each), from what is known before any
     data or model is read: --max-steps × --batch-size × --grad-accum (× the processes) × --replay-ratio replay rows;
     under --epochs, where the step count is not known yet, --max-samples bounds the sft rows (the rest is checked
-    once the data is read: `check_pool`). The one check the training commands and the sweep's cells both run."""
+    once the data is read: `check_pool`). `blocks`: the run trains on token blocks of raw text (else on rows). The
+    one check the training commands and the sweep's cells both run."""
     n, ratio = v.get("self_replay") or 0, v.get("replay_ratio") or 0.0
-    if n <= 0 or not 0.0 < ratio < 1.0 or command not in ("sft", "finetune"):
+    if n <= 0 or not 0.0 < ratio < 1.0:
         return []
-    per_row, what = _per_row(command, bool(v.get("packing")), v.get("max_length"))
+    per_row, what = _per_row(blocks, bool(v.get("packing")), v.get("max_length"))
     steps, batch, accum = v.get("max_steps") or -1, v.get("batch_size") or 1, v.get("grad_accum") or 1
     if steps > 0:
         world = world_size()
@@ -123,7 +124,7 @@ def count_problems(command: str, v: dict) -> list[str]:
         rows = math.ceil(round(steps * batch * accum * world * ratio, 6))
         how = f"--max-steps {steps} × --batch-size {batch} × --grad-accum {accum}{procs} × --replay-ratio {ratio:g}"
         fix = "raise --max-steps or --replay-ratio"
-    elif command == "sft" and v.get("max_samples"):
+    elif not blocks and v.get("max_samples"):
         rows = replay_rows(v["max_samples"], ratio)
         how = (f"--epochs: the step count is known once the data is read; --max-samples {v['max_samples']} rows "
                f"at --replay-ratio {ratio:g}")  # fmt: skip
@@ -144,7 +145,7 @@ def check_pool(cfg: RunConfig, n_train: int | None, *, blocks: bool) -> None:
     if not cfg.self_replay or n_train is None:
         return
     rows = replay_rows(n_train, cfg.replay_ratio)
-    per_row, what = _per_row("finetune" if blocks else "sft", cfg.packing and not blocks, cfg.max_length)
+    per_row, what = _per_row(blocks, cfg.packing and not blocks, cfg.max_length)
     most = rows * per_row
     if cfg.self_replay > most:
         raise UsageError(
