@@ -8,14 +8,23 @@ posttrainllm/evaluate/scoring.py), with p = the reference's next-token distribut
 It is 0 when the two predict alike, and grows as the tuned model moves away from the base on text it was not
 trained on: forgetting tracks it (Shenfeld et al. 2025, "RL's Razor"), and, unlike a perplexity change, it does
 not cancel out when training lowers some tokens' loss and raises others'. Log-probabilities are computed in
-float32, a chunk of positions at a time, so memory follows the batch, not the vocabulary times the text.
+float32, a chunk of positions at a time (chunk_positions: at most 1024, and at most 128 MiB per float32 tensor of
+the chunk), so memory follows the chunk, not the vocabulary times the text. The KL anchor of training
+(posttrainllm/training/kl_to_base.py) chunks its positions the same way.
 """
 
 from __future__ import annotations
 
 from posttrainllm.errors import ModelError
 
-_CHUNK = 1024  # positions whose log-probabilities are in float32 at once
+_CHUNK = 1024  # positions whose log-probabilities are in float32 at once, at most
+CHUNK_BYTES = 128 << 20  # ... and at most this many bytes in one (positions × vocabulary) float32 tensor
+
+
+def chunk_positions(vocab: int) -> int:
+    """How many positions' (vocabulary-wide) float32 distributions to hold at once: 1024, or fewer where the
+    vocabulary is large (CHUNK_BYTES per tensor: 682 for SmolLM2's 49,152 tokens, 128 for Gemma 3's 262,144)."""
+    return max(1, min(_CHUNK, CHUNK_BYTES // (4 * max(vocab, 1))))
 
 
 def check_vocab(model_logits_dim: int, reference_logits_dim: int) -> int:
@@ -43,11 +52,12 @@ def kl_sum(ref_logits, logits, mask=None) -> tuple[float, int]:
     v = check_vocab(logits.shape[-1], ref_logits.shape[-1])
     total = torch.zeros((), dtype=torch.float64, device=logits.device)
     count = 0
-    for start in range(0, logits.shape[0], _CHUNK):
-        lq = logits[start : start + _CHUNK, :v]
-        lp = ref_logits[start : start + _CHUNK, :v]
+    step = chunk_positions(v)
+    for start in range(0, logits.shape[0], step):
+        lq = logits[start : start + step, :v]
+        lp = ref_logits[start : start + step, :v]
         if mask is not None:
-            keep = mask[start : start + _CHUNK]
+            keep = mask[start : start + step]
             lq, lp = lq[keep], lp[keep]
         if lq.shape[0] == 0:
             continue

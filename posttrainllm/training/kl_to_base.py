@@ -9,11 +9,13 @@ then KL̄ over a whole accumulated step is the token mean), else by the micro-ba
 LM loss of 2.0 and a mean KL of 0.3 nat over the loss tokens train on 2.03.
 
 The model's distribution comes from the hidden states of the trainer's own forward (a hook on the backbone: no
-second forward of the model), put through its LM head over the loss tokens only, a chunk at a time and recomputed
-in the backward pass, so no (tokens × vocabulary) logits of the model are kept. The base's comes from one extra
-forward without gradients: a frozen copy in eval mode (`kl_base`), or, under LoRA (`kl_base=None`), the same model
-with its adapters disabled, so no second copy is held. Both go through the same head function, so at the first step
-(model = base) KL̄ is exactly 0 and the loss is the plain loss. Evaluation losses stay the plain LM loss.
+second forward of the model); the base's from one extra forward of its backbone without gradients: a frozen copy in
+eval mode (`kl_base`), or, under LoRA (`kl_base=None`), the same model with its adapters disabled, so no second copy
+is held. Only the two (loss tokens × hidden) states are kept. Both go through the LM head a chunk of loss tokens at a
+time (divergence.chunk_positions: at most 1024, fewer for a large vocabulary, e.g. 128 for Gemma 3's 262,144), and
+each chunk is recomputed in the backward pass, the base's head included, so no (tokens × vocabulary) distribution of
+either model exists beyond one chunk's. Both go through the same head function, so at the first step (model = base)
+KL̄ is exactly 0 and the loss is the plain loss. Evaluation losses stay the plain loss of --loss-type.
 
 `kl_to_base` (the token mean of KL̄ over the logging interval) is added to the trainer's logs, so it reaches the
 progress lines, the trackers and trainer_state.json's log_history."""
@@ -23,12 +25,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from posttrainllm.divergence import chunk_positions
 from posttrainllm.errors import ModelError
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
 
-_CHUNK = 1024  # loss tokens whose logits exist at once (float32: _CHUNK × vocabulary × 4 bytes)
 _SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier")  # multipliers of the logits, by family
 _NOT_BACKBONE_INPUTS = ("labels", "shift_labels", "num_items_in_batch", "use_cache", "fused_lm_head")
 
@@ -54,7 +56,7 @@ def banner_row(cfg: RunConfig, kl_base) -> str | None:
         base = f"a frozen copy of the starting model (+{fmt_bytes(size)} of weights)"
     return (
         f"loss + {beta:g} × mean KL(base ‖ model) over the loss tokens; base: {base}; cost per step: one extra "
-        "forward of the base (no backward) and the LM head over the loss tokens"
+        "forward of the base (no backward) and both models' LM heads over the loss tokens, a chunk at a time"
     )
 
 
@@ -87,8 +89,7 @@ class KLToBaseMixin:
         if not captured:
             raise ModelError(f"--kl-to-base: the forward of {type(lm).__name__} did not run its backbone")
         hidden = _at_loss_positions(captured[0], inputs)  # the first forward is the loss's (SFT may run another)
-        log_p = self._base_log_probs(inputs)
-        kl_sum = self._kl_sum_of(lm, hidden, log_p)
+        kl_sum = self._kl_sum_of(lm, hidden, self._base_hidden(inputs))
         count = hidden.shape[0]
         loss = result[0] if return_outputs else result
         loss = loss + self.kl_beta * kl_sum / self._denominator(count, num_items_in_batch)
@@ -107,15 +108,14 @@ class KLToBaseMixin:
             scale = self.accelerator.num_processes // tp
         return num_items_in_batch / scale
 
-    def _base_log_probs(self, inputs):
-        """The base's next-token log-probabilities (float32) at the loss positions: one forward, no gradients, under
-        the trainer's autocast (the model's own forward runs under it too)."""
+    def _base_hidden(self, inputs):
+        """The base's last hidden states at the loss positions, (n, H): one forward of its backbone, no gradients,
+        under the trainer's autocast (the model's own forward runs under it too)."""
         import torch
 
         fwd = {k: v for k, v in inputs.items() if k not in _NOT_BACKBONE_INPUTS}
         with torch.no_grad(), self._base() as base, self.accelerator.autocast():
-            hidden = _at_loss_positions(_hidden(base.base_model(**fwd, use_cache=False)), inputs)
-            return _head_logits(base, hidden).float().log_softmax(-1)
+            return _at_loss_positions(_hidden(base.base_model(**fwd, use_cache=False)), inputs)
 
     @contextmanager
     def _base(self):
@@ -131,18 +131,30 @@ class KLToBaseMixin:
         finally:
             peft_model.train(was_training)
 
-    def _kl_sum_of(self, lm, hidden, log_p):
-        """Σ over the loss tokens of KL(base ‖ model); the model's logits are made a chunk at a time and recomputed
-        in the backward pass (only the hidden states are kept)."""
+    def _kl_sum_of(self, lm, hidden, base_hidden):
+        """Σ over the loss tokens of KL(base ‖ model); both models' logits are made a chunk of loss tokens at a time
+        and recomputed in the backward pass (only the two models' hidden states are kept)."""
         import torch
         from torch.utils.checkpoint import checkpoint
 
         total = hidden.new_zeros((), dtype=torch.float32)
+        step = chunk_positions(_vocab(lm))
         with self.accelerator.autocast():
-            for start in range(0, hidden.shape[0], _CHUNK):
-                part = slice(start, start + _CHUNK)
-                total = total + checkpoint(_chunk_kl, lm, hidden[part], log_p[part], use_reentrant=False)
+            for start in range(0, hidden.shape[0], step):
+                part = slice(start, start + step)
+                total = total + checkpoint(self._chunk_kl, lm, hidden[part], base_hidden[part], use_reentrant=False)
         return total
+
+    def _chunk_kl(self, lm, hidden, base_hidden):
+        """Σ over one chunk of loss tokens of KL(base ‖ model): the base's head without gradients (with its adapters
+        off under LoRA, in case the head has some), then the model's."""
+        import torch
+        import torch.nn.functional as F
+
+        with torch.no_grad(), self._base() as base:
+            log_p = _head_logits(base, base_hidden).float().log_softmax(-1)
+        log_q = _head_logits(lm, hidden).float().log_softmax(-1)
+        return F.kl_div(log_q, log_p, log_target=True, reduction="sum")  # Σ p (log p − log q)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs and self._kl_count is not None:
@@ -192,8 +204,8 @@ def _head_logits(lm, hidden):
     return logits
 
 
-def _chunk_kl(lm, hidden, log_p):
-    import torch.nn.functional as F
-
-    log_q = _head_logits(lm, hidden).float().log_softmax(-1)
-    return F.kl_div(log_q, log_p, log_target=True, reduction="sum")  # Σ p (log p − log q)
+def _vocab(lm) -> int:
+    """The number of logits per position (the head's rows; the config's vocabulary where the head does not say)."""
+    head = lm.get_output_embeddings()
+    rows = getattr(head, "out_features", None)
+    return int(rows) if rows else int(lm.config.get_text_config().vocab_size)

@@ -51,9 +51,10 @@ def batches(monkeypatch):
 def _sums(model, base, batch) -> dict[str, float]:
     """Σ over the loss tokens (label != -100, shifted) of the DFT loss −p(y)·log p(y), of the NLL −log p(y), of
     KL(base ‖ model) (from the two models' full logits, float64), and their count."""
+    # padded, or padding-free (the examples' boundaries read from the position ids, which a KV cache would skip)
+    fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        ref = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        logits, ref = (m(**fwd, use_cache=False).logits[:, :-1] for m in (model, base))
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     log_q, log_p = logits[mask].double().log_softmax(-1), ref[mask].double().log_softmax(-1)
@@ -69,7 +70,7 @@ def test_the_first_steps_logged_loss_is_the_dft_formula(tiny_model_dir, alpaca_f
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()  # step 1's loss is the starting model's
     sums = _sums(model, model, batches[0])
     n = int(sums["n"])
-    assert 0 < n < int(batches[0]["attention_mask"].sum())  # on the completions only
+    assert 0 < n < _tokens(batches[0])  # on the completions only
     assert steps[1]["loss"] == pytest.approx(sums["dft"] / n, rel=1e-5)
     assert steps[1]["loss"] != pytest.approx(sums["nll"] / n, rel=1e-3)  # not the plain cross-entropy
     config = json.loads((out / "run_config.json").read_text())
@@ -102,6 +103,11 @@ def test_the_default_is_nll_and_a_resume_may_not_change_it(tiny_model_dir, alpac
     r = _invoke(tiny_model_dir, alpaca_file, out, "--max-steps", "2", "--resume", "--loss-type", "dft")
     assert r.exit_code == 2, r.output
     assert "loss_type: 'nll' → 'dft'" in " ".join(r.output.split())
+
+
+def _tokens(batch) -> int:
+    """The batch's real tokens (no padding)."""
+    return int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
 
 
 @pytest.mark.parametrize("command", ["finetune", "grpo"])
