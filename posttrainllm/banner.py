@@ -208,6 +208,14 @@ def print_summary(
     console.print(t)
 
 
+def print_probe(probe: dict[str, Any]) -> None:
+    """The forgetting probe: how far the run moved on the starting model's own samples (evaluate/probe.py)."""
+    console.print(
+        f"forgetting probe: KL(start ‖ tuned) = {probe['kl']:.5f} per token on {probe['samples']} samples of the "
+        f"starting model ({probe['tokens']} tokens; --ood-eval FILE measures forgetting on your own text)"
+    )
+
+
 def print_budget(budget: dict[str, Any]) -> None:
     """--max-forgetting's outcome: the α chosen, the share of the in-domain gain kept, every α tried."""
     tried = ", ".join(

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posttrainllm import banner, records
-from posttrainllm.constants import DEFAULT_WINDOW
 from posttrainllm.context import Context, Setup
 from posttrainllm.errors import DataError, TrainingError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
+from posttrainllm.training.forgetting import meet_budget, ood_after, ood_before, probe_after, probe_texts
 
 if TYPE_CHECKING:
     from posttrainllm.commands.spec import CommandSpec
@@ -68,8 +68,9 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
     if s.after_plan is not None and is_rank0():
         s.after_plan(run_dir)
     before = ood_before(s, precision) if s.cfg.ood_eval else None
+    probe = probe_texts(s, spec, run_dir) if before is None else None
     conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, loss mask
-    train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before)
+    train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before, probe)
 
 
 def prepare_output(cfg: RunConfig):
@@ -131,73 +132,6 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({torch.get_num_threads()} threads)"
 
 
-def ood_eval(model, tokenizer, cfg: RunConfig, reference=None) -> dict:
-    from posttrainllm.evaluate import evaluate_files
-
-    # grpo / rloo / distill have no --max-length: their held-out text is read in windows of eval's default length
-    window = cfg.max_length or DEFAULT_WINDOW
-    return evaluate_files(model, tokenizer, list(cfg.ood_eval), window, progress=is_rank0(), reference=reference)
-
-
-def _cache_args(cfg: RunConfig, model_path: str | None, model, precision: str) -> dict | None:
-    """--eval-cache on one process: where the base's held-out evaluation is kept and what identifies the base (what
-    its directory holds, and the dtype it is scored in). None: no cache (or several ranks: each scores its own)."""
-    from posttrainllm.evaluate.base_cache import base_identity
-    from posttrainllm.rundir.layout import world_size
-
-    if not cfg.eval_cache or world_size() > 1:
-        return None
-    identity = base_identity(model_path or cfg.model, model, precision, cfg.eval_cache)
-    return {"cache_dir": cfg.eval_cache, "base_identity": identity}
-
-
-def ood_before(s: Setup, precision: str) -> dict:
-    """The base's held-out results: from --eval-cache when it holds them (else scored now, the model still being the
-    base, and kept there), or scored now."""
-    from posttrainllm.evaluate.precision import scoring_autocast
-
-    cached = _cache_args(s.cfg, s.model_path, s.model, precision)
-    with scoring_autocast(precision):
-        if cached is None:
-            return ood_eval(s.model, s.tokenizer, s.cfg)
-        from posttrainllm.evaluate.base_cache import base_results
-
-        window = s.cfg.max_length or DEFAULT_WINDOW
-        return base_results(lambda: s.model, s.tokenizer, list(s.cfg.ood_eval), window, **cached)
-
-
-def ood_after(s: Setup, model, precision: str) -> dict:
-    """The tuned model's held-out results with the KL to the base: from the cached base (one forward per batch, the
-    base not loaded), or against the base loaded again."""
-    from posttrainllm.evaluate.precision import scoring_autocast
-
-    cached = _cache_args(s.cfg, s.model_path, model, precision)
-    if cached is None:
-        reference = kl_reference(s.cfg, s.model_path, precision)
-        with scoring_autocast(precision):
-            return ood_eval(model, s.tokenizer, s.cfg, reference=reference)
-    from posttrainllm.evaluate.base_cache import results_against_base
-
-    window = s.cfg.max_length or DEFAULT_WINDOW
-    with scoring_autocast(precision):
-        return results_against_base(model, s.tokenizer, list(s.cfg.ood_eval), window, progress=None, **cached)
-
-
-def kl_reference(cfg: RunConfig, model_path: str | None, precision: str):
-    """The base model again, for the forgetting report's KL column: loaded from --model after training (no second
-    copy is held while training), on the tuned model's device, in eval mode."""
-    from posttrainllm import models
-
-    if not model_path:
-        return None
-    import torch
-
-    ref = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision)
-    if torch.cuda.is_available():
-        ref = ref.to("cuda")
-    return ref.eval()
-
-
 def across_ranks(cfg: RunConfig, fn) -> None:
     """fn() under torchrun/accelerate: the CPU process group with --ddp-timeout, and another rank's failure (a closed
     connection, a timeout) as one clear message (posttrainllm/distributed.py)."""
@@ -224,7 +158,7 @@ def _at_last_step(trainer, checkpoint: Path) -> int | None:
     return step if step >= max_steps else None
 
 
-def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume_from, run_dir, before) -> None:
+def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume_from, run_dir, before, probe=None):
     """Build the trainer (with `conf`, the run's trainer config), train (or finish a run that already reached its
     last step), then finalize."""
     from posttrainllm.training import build_trainer
@@ -257,7 +191,7 @@ def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume
     metrics = _finish_from(trainer, resume_from, last) if last is not None else _train(cfg, trainer, guard, resume_from)
     if s.prepared.eval is not None:
         metrics.update(trainer.evaluate())
-    _finalize(s, trainer, metrics, precision, run_dir, baseline, before, t0)
+    _finalize(s, trainer, metrics, precision, run_dir, baseline, (before, probe), t0)
     if trainer.is_world_process_zero():
         first = int(resume_from.name.split("-")[1]) if resume_from and last is None else 0
         banner.print_summary(metrics, cfg.output_dir, first_step=first, last_step=trainer.state.global_step)
@@ -323,10 +257,12 @@ def _train(cfg: RunConfig, trainer, guard, resume_from) -> dict:
     return metrics
 
 
-def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baseline, before, t0: float) -> None:
-    """Final save, drift, forgetting (every rank: sharded models gather collectively), then rank 0's records; the
-    replaced contents go once the final save is complete."""
+def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baseline, measures, t0: float) -> None:
+    """Final save, drift, forgetting (every rank: sharded models gather collectively; `measures`: the held-out
+    results before training and the probe's texts), then rank 0's records; the replaced contents go once the final
+    save is complete."""
     cfg = s.cfg
+    before, probe = measures
     sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
     drift_report = None
     if baseline is not None:
@@ -338,9 +274,11 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
         after = ood_after(s, trainer.model, precision)
         if cfg.max_forgetting is not None:
             budget, after, sizes = meet_budget(s, trainer, metrics, before, after, precision, run_dir, sizes)
+    probed = probe_after(s, trainer.model, probe, precision) if probe else None
     report = None
     if trainer.is_world_process_zero():
-        report = _write_records(s, trainer, metrics, sizes, run_dir, before, after, drift_report, t0, budget)
+        extra = {"budget": budget, "probe": probed}
+        report = _write_records(s, trainer, metrics, sizes, run_dir, before, after, drift_report, t0, extra)
     run_dir.finish()  # the new final save is complete: what --overwrite moved aside can go
     if trainer.is_world_process_zero():
         if report:
@@ -349,6 +287,8 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
             banner.print_drift(drift_report)
         if budget is not None:
             banner.print_budget(budget)
+        if probed is not None:
+            banner.print_probe(probed)
     if budget is not None and budget["only_base"]:
         from posttrainllm.errors import BudgetNotMet
 
@@ -357,55 +297,6 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
             f"was measured, down to α {min(t['alpha'] for t in budget['tried']):g}, forgets more); the trained model "
             f"is in {cfg.output_dir}. Raise the budget, lower --lr, or add replay"
         )
-
-
-def meet_budget(s: Setup, trainer, metrics: dict, before: dict, after: dict, precision: str, run_dir, sizes):
-    """--max-forgetting: (the budget record, the output's held-out results, the output's file sizes). The largest
-    uniform merge toward the starting model within the budget (merging/budget.py) becomes the run's output; the
-    trained model is kept in OUT/unmerged/. Its in-domain eval loss at α gives the share of the gain it keeps."""
-    from posttrainllm.evaluate import forgetting_report
-    from posttrainllm.evaluate.precision import scoring_autocast
-    from posttrainllm.merging import budget as B
-
-    cfg = s.cfg
-    at_one = B.mean_change(forgetting_report(before, after))
-    merge = None
-
-    def measure(alpha: float):
-        nonlocal merge
-        if merge is None:  # the starting model, loaded as the run loaded it, only when a merge is measured
-            merge = B.Interpolation(trainer.model, kl_reference(cfg, s.model_path, precision))
-        merge.set(alpha)
-        with scoring_autocast(precision):
-            return B.mean_change(forgetting_report(before, ood_eval(trainer.model, s.tokenizer, cfg)))
-
-    found = B.search(measure, cfg.max_forgetting, at_one=at_one)
-    record = {"max_forgetting_pct": cfg.max_forgetting, **found, "unmerged_dir": None, "kept_gain": None}
-    if found["alpha"] == 1.0 or found["only_base"]:
-        if merge is not None:
-            merge.set(1.0)
-        return record, after, sizes
-    merge.set(1.0)
-    unmerged = Path(cfg.output_dir) / B.UNMERGED
-    run_dir.own([B.UNMERGED])
-    checkpoints.save_final(trainer, s.tokenizer, str(unmerged))
-    losses = {}
-    if s.prepared.eval is not None:
-        for alpha in (0.0, found["alpha"]):
-            merge.set(alpha)
-            losses[alpha] = _eval_loss(trainer)
-    merge.set(found["alpha"])
-    sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
-    record.update(unmerged_dir=str(unmerged), eval_loss=losses.get(found["alpha"]))
-    record["kept_gain"] = B.kept_gain(losses.get(0.0), metrics.get("eval_loss"), losses.get(found["alpha"]))
-    return record, ood_after(s, trainer.model, precision), sizes
-
-
-def _eval_loss(trainer) -> float | None:
-    """The in-domain eval loss of the trainer's model as it is now, without logging it (no entry in the run's log)."""
-    loader = trainer.get_eval_dataloader()
-    loop = trainer.evaluation_loop(loader, "budget", prediction_loss_only=True, metric_key_prefix="budget")
-    return loop.metrics.get("budget_loss")
 
 
 def peak_memory() -> int:
@@ -421,15 +312,14 @@ def peak_memory() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
 
 
-def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, drift_report, t0, budget=None):
-    """trainer_state.json, eval_results.json (with forgetting, drift and the budget), the model card, then the final
-    marker. Returns the forgetting report (None without --ood-eval)."""
+def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, drift_report, t0, extra: dict):
+    """trainer_state.json, eval_results.json (with forgetting, drift, and `extra`: the budget and the probe), the
+    model card, then the final marker. Returns the forgetting report (None without --ood-eval)."""
     cfg = s.cfg
     out = Path(cfg.output_dir)
     trainer.state.save_to_json(str(out / "trainer_state.json"))
     results = {"train": metrics, "wall_time_s": round(time.time() - t0, 2), "peak_memory_bytes": peak_memory()}
-    if budget is not None:
-        results["budget"] = budget
+    results.update({k: v for k, v in extra.items() if v is not None})
     report = None
     if before is not None:
         from posttrainllm.evaluate import forgetting_report
@@ -441,7 +331,7 @@ def _write_records(s: Setup, trainer, metrics, sizes, run_dir, before, after, dr
         results["drift"] = drift_report
         records.write_drift(run_dir, out, drift_report)
     write_json(out / "eval_results.json", results)
-    records.write_model_card(cfg, run_dir, s.plan, s.prepared, metrics, report, drift_report, s.model_path, budget)
+    records.write_model_card(cfg, run_dir, s.plan, s.prepared, metrics, report, drift_report, s.model_path, extra)
     write_json(
         out / layout.FINAL_MARKER,
         {

@@ -32,6 +32,7 @@ def render(
     output_dir: str = "",
     model_source: dict | None = None,
     budget: dict | None = None,
+    probe: dict | None = None,
 ) -> str:
     """The card's text. `data`: source, format, n_train, n_eval (and eval source); `metrics`: the trainer's."""
     hub_base = base_model if base_model and _is_hub_id(base_model) else None
@@ -60,8 +61,21 @@ def render(
     if recipe:
         lines += [f"Recipe: `{recipe}` (command-line flags override it).", ""]
     lines += _plan_section(plan) + _data_section(data) + _results_section(metrics)
-    lines += _forgetting_section(forgetting) + _budget_section(budget) + _drift_section(drift)
+    lines += _forgetting_section(forgetting) + _probe_section(probe) + _budget_section(budget) + _drift_section(drift)
     return "\n".join(front + lines)
+
+
+def _probe_section(probe: dict | None) -> list[str]:
+    """The forgetting probe (no --ood-eval): KL(start ‖ tuned) on the starting model's own samples."""
+    if not probe:
+        return []
+    return [
+        "## Forgetting probe (no held-out text given)",
+        "",
+        f"KL(start ‖ tuned) per token on {probe['samples']} samples of the starting model ({probe['tokens']} "
+        f"tokens): {_fmt(probe['kl'], 5)}. 0 means the model did not move on the starting model's own text.",
+        "",
+    ]
 
 
 def _budget_section(budget: dict | None) -> list[str]:

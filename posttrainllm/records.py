@@ -81,7 +81,7 @@ def write_model_card(
     forgetting: dict | None,
     drift_report: dict | None,
     model_path: str | None = None,
-    budget: dict | None = None,
+    extra: dict | None = None,
 ) -> None:
     from posttrainllm import model_card
 
@@ -105,7 +105,8 @@ def write_model_card(
         drift=drift_report,
         output_dir=cfg.output_dir,
         model_source=gguf_record(model_path),
-        budget=budget,
+        budget=(extra or {}).get("budget"),
+        probe=(extra or {}).get("probe"),
     )
     tmp = Path(cfg.output_dir) / "README.md.tmp"
     tmp.write_text(text, encoding="utf-8")

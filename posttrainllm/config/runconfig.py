@@ -88,6 +88,7 @@ class RunConfig:
     lora_targets: str = "all-linear"
     ood_eval: list[str] = field(default_factory=list)
     eval_cache: str | None = None
+    forgetting_probe: int = 8
     max_forgetting: float | None = None
     train_on_prompt: bool = False
     replay_dataset: str | None = None

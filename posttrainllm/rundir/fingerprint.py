@@ -50,6 +50,8 @@ FREE = frozenset(
         "dataset_num_proc",
         "ddp_timeout",
         "allow_new_weights",  # a permission for the first load; a resume starts from the checkpoint's weights
+        "forgetting_probe",  # measured after training: how many samples of the starting model
+        "max_forgetting",  # applied after training: the merge back toward the starting model
     }
 )
 GAMMA_KEYS = ("llrd", "llrd_bottom_scale")

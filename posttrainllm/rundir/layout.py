@@ -19,6 +19,7 @@ MANIFEST = "manifest.json"
 MARKER = "COMPLETE"
 FINAL_MARKER = "training_complete.json"
 RUN_CONFIG = "run_config.json"
+PROBE = "forgetting_probe.jsonl"  # the forgetting probe's samples of the starting model (evaluate/probe.py)
 SELF_REPLAY = "self_replay.jsonl"  # --self-replay: the samples of the starting model (posttrainllm/data/self_replay.py)
 SELF_REPLAY_SETTINGS = "self_replay.json"  # ... and how they were drawn
 CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -32,6 +33,7 @@ OWN_RECORDS = frozenset(
         FINAL_MARKER,
         SELF_REPLAY,
         SELF_REPLAY_SETTINGS,
+        PROBE,
     }
 )
 

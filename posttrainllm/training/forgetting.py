@@ -1,0 +1,163 @@
+"""What a training run measures of its forgetting, around the training the lifecycle runs (posttrainllm/lifecycle.py):
+the held-out texts' perplexity and KL to the starting model (`--ood-eval`, through `--eval-cache` when given), the
+forgetting probe on the starting model's own samples when there is no held-out text (evaluate/probe.py), and the
+forgetting budget (`--max-forgetting`, merging/budget.py) that merges the trained model back toward the starting one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from posttrainllm.constants import DEFAULT_WINDOW
+from posttrainllm.context import Setup
+from posttrainllm.rundir import checkpoints
+from posttrainllm.rundir.layout import is_rank0
+
+if TYPE_CHECKING:
+    from posttrainllm.commands.spec import CommandSpec
+    from posttrainllm.config.runconfig import RunConfig
+
+
+def ood_eval(model, tokenizer, cfg: RunConfig, reference=None) -> dict:
+    from posttrainllm.evaluate import evaluate_files
+
+    # grpo / rloo / distill have no --max-length: their held-out text is read in windows of eval's default length
+    window = cfg.max_length or DEFAULT_WINDOW
+    return evaluate_files(model, tokenizer, list(cfg.ood_eval), window, progress=is_rank0(), reference=reference)
+
+
+def _cache_args(cfg: RunConfig, model_path: str | None, model, precision: str) -> dict | None:
+    """--eval-cache on one process: where the base's held-out evaluation is kept and what identifies the base (what
+    its directory holds, and the dtype it is scored in). None: no cache (or several ranks: each scores its own)."""
+    from posttrainllm.evaluate.base_cache import base_identity
+    from posttrainllm.rundir.layout import world_size
+
+    if not cfg.eval_cache or world_size() > 1:
+        return None
+    identity = base_identity(model_path or cfg.model, model, precision, cfg.eval_cache)
+    return {"cache_dir": cfg.eval_cache, "base_identity": identity}
+
+
+def ood_before(s: Setup, precision: str) -> dict:
+    """The base's held-out results: from --eval-cache when it holds them (else scored now, the model still being the
+    base, and kept there), or scored now."""
+    from posttrainllm.evaluate.precision import scoring_autocast
+
+    cached = _cache_args(s.cfg, s.model_path, s.model, precision)
+    with scoring_autocast(precision):
+        if cached is None:
+            return ood_eval(s.model, s.tokenizer, s.cfg)
+        from posttrainllm.evaluate.base_cache import base_results
+
+        window = s.cfg.max_length or DEFAULT_WINDOW
+        return base_results(lambda: s.model, s.tokenizer, list(s.cfg.ood_eval), window, **cached)
+
+
+def ood_after(s: Setup, model, precision: str) -> dict:
+    """The tuned model's held-out results with the KL to the base: from the cached base (one forward per batch, the
+    base not loaded), or against the base loaded again."""
+    from posttrainllm.evaluate.precision import scoring_autocast
+
+    cached = _cache_args(s.cfg, s.model_path, model, precision)
+    if cached is None:
+        reference = kl_reference(s.cfg, s.model_path, precision)
+        with scoring_autocast(precision):
+            return ood_eval(model, s.tokenizer, s.cfg, reference=reference)
+    from posttrainllm.evaluate.base_cache import results_against_base
+
+    window = s.cfg.max_length or DEFAULT_WINDOW
+    with scoring_autocast(precision):
+        return results_against_base(model, s.tokenizer, list(s.cfg.ood_eval), window, progress=None, **cached)
+
+
+def kl_reference(cfg: RunConfig, model_path: str | None, precision: str):
+    """The base model again, for the forgetting report's KL column: loaded from --model after training (no second
+    copy is held while training), on the tuned model's device, in eval mode."""
+    from posttrainllm import models
+
+    if not model_path:
+        return None
+    import torch
+
+    ref = models.load_model(model_path, trust_remote_code=cfg.trust_remote_code, precision=precision)
+    if torch.cuda.is_available():
+        ref = ref.to("cuda")
+    return ref.eval()
+
+
+def probe_texts(s: Setup, spec: CommandSpec, run_dir) -> list[str] | None:
+    """The forgetting probe's texts (evaluate/probe.py), drawn from the starting model before training, for a run
+    from a language model without --ood-eval on one process (None otherwise: --forgetting-probe 0, pretrain, a
+    reward model, a vision-language model, several ranks)."""
+    from posttrainllm.evaluate import probe
+    from posttrainllm.rundir.layout import world_size
+
+    cfg = s.cfg
+    vlm = getattr(getattr(s.model, "config", None), "vision_config", None) is not None
+    if not cfg.forgetting_probe or spec.from_scratch or spec.reward_head or vlm or world_size() > 1:
+        return None
+    run_dir.own([probe.PROBE_FILE])
+    return probe.obtain(s.model, s.tokenizer, Path(cfg.output_dir), n=cfg.forgetting_probe, seed=cfg.seed,
+        model_identity=s.model_path or cfg.model)  # fmt: skip
+
+
+def probe_after(s: Setup, model, texts: list[str], precision: str) -> dict | None:
+    """The probe's KL(start ‖ tuned) per token on its texts, against the starting model loaded again."""
+    from posttrainllm.evaluate import probe
+    from posttrainllm.evaluate.precision import scoring_autocast
+
+    reference = kl_reference(s.cfg, s.model_path, precision)
+    if reference is None:
+        return None
+    with scoring_autocast(precision):
+        return probe.measure(model, reference, s.tokenizer, texts)
+
+
+def meet_budget(s: Setup, trainer, metrics: dict, before: dict, after: dict, precision: str, run_dir, sizes):
+    """--max-forgetting: (the budget record, the output's held-out results, the output's file sizes). The largest
+    uniform merge toward the starting model within the budget (merging/budget.py) becomes the run's output; the
+    trained model is kept in OUT/unmerged/. Its in-domain eval loss at α gives the share of the gain it keeps."""
+    from posttrainllm.evaluate import forgetting_report
+    from posttrainllm.evaluate.precision import scoring_autocast
+    from posttrainllm.merging import budget as B
+
+    cfg = s.cfg
+    at_one = B.mean_change(forgetting_report(before, after))
+    merge = None
+
+    def measure(alpha: float):
+        nonlocal merge
+        if merge is None:  # the starting model, loaded as the run loaded it, only when a merge is measured
+            merge = B.Interpolation(trainer.model, kl_reference(cfg, s.model_path, precision))
+        merge.set(alpha)
+        with scoring_autocast(precision):
+            return B.mean_change(forgetting_report(before, ood_eval(trainer.model, s.tokenizer, cfg)))
+
+    found = B.search(measure, cfg.max_forgetting, at_one=at_one)
+    record = {"max_forgetting_pct": cfg.max_forgetting, **found, "unmerged_dir": None, "kept_gain": None}
+    if found["alpha"] == 1.0 or found["only_base"]:
+        if merge is not None:
+            merge.set(1.0)
+        return record, after, sizes
+    merge.set(1.0)
+    unmerged = Path(cfg.output_dir) / B.UNMERGED
+    run_dir.own([B.UNMERGED])
+    checkpoints.save_final(trainer, s.tokenizer, str(unmerged))
+    losses = {}
+    if s.prepared.eval is not None:
+        for alpha in (0.0, found["alpha"]):
+            merge.set(alpha)
+            losses[alpha] = _eval_loss(trainer)
+    merge.set(found["alpha"])
+    sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
+    record.update(unmerged_dir=str(unmerged), eval_loss=losses.get(found["alpha"]))
+    record["kept_gain"] = B.kept_gain(losses.get(0.0), metrics.get("eval_loss"), losses.get(found["alpha"]))
+    return record, ood_after(s, trainer.model, precision), sizes
+
+
+def _eval_loss(trainer) -> float | None:
+    """The in-domain eval loss of the trainer's model as it is now, without logging it (no entry in the run's log)."""
+    loader = trainer.get_eval_dataloader()
+    loop = trainer.evaluation_loop(loader, "budget", prediction_loss_only=True, metric_key_prefix="budget")
+    return loop.metrics.get("budget_loss")
