@@ -109,15 +109,21 @@ def test_the_banner_names_the_base_and_its_cost(tiny_model_dir, alpaca_file, tmp
 def _sums(model, base, batch) -> tuple[float, float, int]:
     """Σ next-token CE over labels != -100, Σ KL(base ‖ model) at the same positions (from the full logits of the two
     models), and the number of those positions."""
+    fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}  # padded or not
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        ref = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        # no KV cache, as the trainer runs them: only then does a padding-free row keep its examples apart
+        logits, ref = model(**fwd, use_cache=False).logits[:, :-1], base(**fwd, use_cache=False).logits[:, :-1]
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     ce = F.cross_entropy(logits[mask].double(), labels[mask], reduction="sum")
     log_q, log_p = logits[mask].double().log_softmax(-1), ref[mask].double().log_softmax(-1)
     kl = (log_p.exp() * (log_p - log_q)).sum()
     return ce.item(), kl.item(), int(mask.sum())
+
+
+def _tokens(batch) -> int:
+    """The batch's real tokens (no padding)."""
+    return int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
 
 
 @pytest.fixture
@@ -155,7 +161,7 @@ def test_a_later_steps_logged_loss_is_ce_plus_beta_kl_from_the_logits(
     steps = _steps(_run("sft", tiny_model_dir, {"alpaca": alpaca_file, "chat": chat_file}[data], out, *extra))
     assert len(batches) == 3 * accum
     labels = batches[-1]["labels"]
-    assert 0 < int((labels != -100).sum()) < int(batches[-1]["attention_mask"].sum())  # a masked loss
+    assert 0 < int((labels != -100).sum()) < _tokens(batches[-1])  # a masked loss
     model = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2").eval()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     ce, kl, n = (sum(x) for x in zip(*(_sums(model, base, b) for b in batches[2 * accum :])))
