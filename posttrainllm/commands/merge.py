@@ -36,9 +36,8 @@ def config_problems(cfg: RunConfig) -> list[str]:
             f"--llrd / --llrd-bottom-scale set the geometric schedule: not with --depth-schedule {cfg.depth_schedule}"
         )
     problems += _alpha_problems(list(cfg.alpha or []))
-    if cfg.max_forgetting is None and not cfg.alpha:
-        problems.append("missing --alpha A[,A...] (or --max-forgetting PCT, which chooses α itself)")
-    if cfg.max_forgetting is not None:
+    budget = getattr(cfg, "max_forgetting", None)  # --alpha is required unless it is given (the option table)
+    if budget is not None:
         if cfg.alpha:
             problems.append("--max-forgetting chooses α itself: give it or --alpha, not both")
         if not cfg.ood_eval:

@@ -28,6 +28,7 @@ class Opt:
     negates: bool = False  # a bool option whose flag turns it off (`--no-padding-free`: padding_free false);
     # its recipe key holds the value itself (`padding_free: false`)
     required: bool = False
+    required_unless: str | None = None  # another option whose value stands in for this one (merge: max_forgetting)
     recipe: bool = True  # may appear in a recipe
     panel: str = "Training"
     item: builtins.type | None = None  # dict: the values' type (float default; object = kept as given, checked later);

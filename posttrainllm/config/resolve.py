@@ -84,7 +84,8 @@ def _checked(opts: dict[str, Opt], values: dict, sources: dict) -> list[str]:
     for name, o in opts.items():
         v = values.get(name)
         if v is None:
-            if o.required and sources[name] != "invalid":
+            instead = o.required_unless and values.get(o.required_unless) is not None
+            if o.required and sources[name] != "invalid" and not instead:
                 problems.append(f"missing {o.cli_flag} (or recipe key '{o.recipe_key}')")
             continue
         if o.check is None or sources[name] == "default":

@@ -59,10 +59,13 @@ MERGE: tuple[Opt, ...] = (
         default=None,
         help="How far to move from --base toward --model, in [0, 1]: θ = θ_base + s·(θ_tuned − θ_base) with s = A "
         "(WiSE-FT; 1 = the tuned model, 0 = the base). Several (comma-separated, e.g. 0.25,0.5,0.75,1.0): a "
-        "sweep, one merged model each. A depth schedule sets s per block, with A at the top block.",
+        "sweep, one merged model each. A depth schedule sets s per block, with A at the top block. Not with "
+        "--max-forgetting, which chooses the α of one uniform merge itself.",
         commands=_CMD,
         check=unit_interval,
         metavar="A[,A...]",
+        required=True,
+        required_unless="max_forgetting",
         panel=_PANEL,
         item=float,
         split=True,
