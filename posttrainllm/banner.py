@@ -179,7 +179,7 @@ def print_forgetting(report: dict[str, dict]) -> None:
         change = "-" if r.get("change_pct") is None else f"{r['change_pct']:+.2f}%"
         row = [name, f"{r['before']:.3f}", f"{r['after']:.3f}", change]
         if with_kl:
-            row.append("-" if r.get("kl") is None else ("≥" if r.get("kl_bound") else "") + f"{r['kl']:.4f}")
+            row.append("-" if r.get("kl") is None else f"{r['kl']:.4f}")
         t.add_row(*row)
     console.print(t)
 

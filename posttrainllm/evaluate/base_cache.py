@@ -7,20 +7,21 @@ once per text: its perplexity result and, per predicted position, its `top_k` mo
 log-probabilities and the log of the probability left over (the tail) are written under the cache directory, and
 every later model's KL is computed from them.
 
-**The KL from the cache** is KL over the base's most likely tokens S_t at each position t plus one "tail" outcome
-that lumps the rest:
+**The KL from the cache** splits each position's sum in two: the base's `top_k` most likely tokens S (exact), and
+the rest T = V \\ S, estimated from `TAIL_SAMPLES` tokens drawn from the base's own distribution over T (with
+replacement, by a generator seeded once per entry, so an entry is the same every time it is recorded). With
+r = q/p, the tail's part is Σ_{v∈T} p (−log r) = p(T) · E_{v~p(·|T)} [r − 1 − log r] + p(T) − q(T):
 
-    KL_S(p ‖ q) = Σ_{v ∈ S_t} p(v) (log p(v) − log q(v)) + p(T) (log p(T) − log q(T)),  T = V \\ S_t
+    KL(p ‖ q) ≈ Σ_{v ∈ S} p(v) (log p(v) − log q(v))  +  p(T) · (1/M) Σ_j (r_j − 1 − log r_j)  +  p(T) − q(T)
 
-where p(T) and q(T) are the base's and the model's probability of any token outside S_t. By the log-sum inequality
-KL_S ≤ KL (grouping outcomes never raises a divergence); the gap is p(T) times the divergence *within* the tail.
-So S_t is not a fixed top k: it is the base's smallest top-k set whose mass leaves at most `TAIL_MASS` (1e-4) of
-the distribution outside, at least `MIN_K` and at most `top_k` (`MAX_K` = 8192) tokens. Where the tail is empty
-(S_t = V) the KL is exact; where it holds at most 1e-4 of the base's mass the gap is at most 1e-4 times the
-within-tail divergence, which measured under 1% of the KL on both real models (docs/performance.md). A position
-where even `top_k` tokens leave more than `TAIL_MASS` outside is counted (``capped``) and the result then says
-``kl_bound: true``: the figure is a lower bound, labelled so wherever it is printed.
-tests/unit/evaluate/test_base_cache.py checks the exact case, the bound and the labels.
+where q(T) = 1 − Σ_{v∈S} q(v) comes from the model's own logits, so only the non-negative term r − 1 − log r
+(second order where the two models are close: a low-variance estimate) is sampled. The estimate is unbiased (not a
+bound, as lumping the tail into one outcome was: that read 10% low on SmolLM2 and 42% on a tiny model), and every
+model measured against one entry sees the same draws, so models are compared on common numbers. A model's KL to the
+base itself is exactly 0; with a vocabulary of at most `top_k` tokens the tail is empty and the KL exact. Measured
+against the two-forward KL on both real models (docs/performance.md, section 14). `DEFAULT_TOP_K` = 256,
+`TAIL_SAMPLES` = 64: 320 entries (2.5 KiB) per position. tests/unit/evaluate/test_base_cache.py checks the exact
+case and the estimate.
 
 The cache key covers the base (the SHA-256 of every file it holds, read whole: `content_identity`, remembered per
 file by size and modification time in the cache folder), the text (SHA-256),
@@ -42,12 +43,13 @@ from pathlib import Path
 
 from posttrainllm.errors import DataError
 
-MAX_K = 8192  # most tokens kept at one position
-DEFAULT_TOP_K = MAX_K
-MIN_K = 16  # fewest tokens kept at one position
-TAIL_MASS = 1e-4  # the base's probability left outside the kept tokens, at most (where MAX_K allows)
-_VERSION = 2  # 2: windows start with the tokenizer's prefix; a kept set per position (counts.bin)
-_IDX, _LOGP, _TAIL, _COUNT, _RESULT = "topk_idx.bin", "topk_logp.bin", "tail_logp.bin", "counts.bin", "result.json"
+DEFAULT_TOP_K = 256  # the base's most likely tokens kept per position (exact part)
+TAIL_SAMPLES = 64  # tokens drawn from the rest per position (the estimated part)
+_SEED = 0  # the draws' generator, seeded once per entry
+_VERSION = 3  # 3: windows start with the tokenizer's prefix; the tail estimated from samples
+_IDX, _LOGP, _SIDX, _SLOGP = "topk_idx.bin", "topk_logp.bin", "tail_sample_idx.bin", "tail_sample_logp.bin"
+_RESULT = "result.json"
+_FILES = (_IDX, _LOGP, _SIDX, _SLOGP)
 RECORDED = "recorded.jsonl"
 
 
@@ -133,18 +135,20 @@ def entry_key(base_identity, text_path: str, max_length: int, top_k: int) -> str
 
 class Recorder:
     """A KL tracker for `_score_batches` that scores nothing: run with the *base* as the model, it appends, for every
-    predicted position, the base's kept tokens (module docstring) with their log-probabilities, how many it kept and
-    the log-probability of the rest (the tail) to files in `dest`."""
+    predicted position, the base's top-k tokens with their log-probabilities and `TAIL_SAMPLES` tokens drawn from the
+    rest (the tail) with their log-probabilities (module docstring) to files in `dest`."""
 
-    def __init__(self, dest: Path, top_k: int, tail_mass: float = TAIL_MASS):
-        self.dest, self.top_k, self.tail_mass, self.positions = dest, top_k, tail_mass, 0
+    def __init__(self, dest: Path, top_k: int, samples: int = TAIL_SAMPLES):
+        self.dest, self.top_k, self.samples, self.positions = dest, top_k, samples, 0
         self.vocab: int | None = None
-        self.kept, self.capped = 0, 0
+        self._generator = None
 
     def __enter__(self):
+        import torch
+
+        self._generator = torch.Generator().manual_seed(_SEED)
         self._stack = contextlib.ExitStack()
-        names = (_IDX, _LOGP, _TAIL, _COUNT)
-        self._files = [self._stack.enter_context(open(self.dest / n, "wb")) for n in names]  # noqa: SIM115
+        self._files = [self._stack.enter_context(open(self.dest / n, "wb")) for n in _FILES]  # noqa: SIM115
         return self
 
     def __exit__(self, *exc):
@@ -156,57 +160,54 @@ class Recorder:
 
         self.vocab = int(logits.shape[-1])
         for r in range(batch.shape[0]):
-            self._write(*kept_set(F.log_softmax(logits[r, first - 1 : -1].float(), dim=-1), self.top_k, self.tail_mass))
-
-    def _write(self, idx, top, counts, tail, capped: int) -> None:
-        import torch
-
-        for f, arr in zip(self._files, (idx.to(torch.int32), top, tail, counts.to(torch.int32))):
-            f.write(arr.contiguous().cpu().numpy().tobytes())
-        self.positions += int(counts.shape[0])
-        self.kept += int(counts.sum().item())
-        self.capped += capped
+            logp = F.log_softmax(logits[r, first - 1 : -1].float(), dim=-1)
+            arrays = top_and_tail(logp, self.top_k, self.samples, self._generator)
+            for f, arr in zip(self._files, arrays):
+                f.write(arr.contiguous().cpu().numpy().tobytes())
+            self.positions += logp.shape[0]
 
     def result(self) -> dict:
         return {}
 
 
-def kept_set(logp, top_k: int, tail_mass: float):
-    """(flat ids, their log-probabilities, count per position, tail log-probability per position, positions capped)
-    of the kept tokens of each row of `logp` (T, V): the fewest of the most likely (at least MIN_K, at most `top_k`)
-    that leave at most `tail_mass` outside. The tail is -inf where every token is kept."""
+def top_and_tail(logp, top_k: int, samples: int, generator=None):
+    """(top ids, their log-probabilities, tail sample ids, their log-probabilities) of each row of `logp` (T, V):
+    the `top_k` most likely tokens, and `samples` tokens drawn with replacement from the distribution over the rest.
+    With no tail (V <= top_k) no token is drawn."""
     import torch
 
-    vocab = logp.shape[-1]
-    k_max = min(top_k, vocab)
-    top, idx = logp.topk(k_max, dim=-1)  # sorted, most likely first
-    inside = top.exp().double().cumsum(-1)
-    need = (inside < 1.0 - tail_mass).sum(-1) + 1  # fewest whose mass reaches 1 - tail_mass
-    counts = need.clamp(min=min(MIN_K, k_max), max=k_max)
-    capped = int((need > k_max).sum().item()) if k_max < vocab else 0
-    keep = torch.arange(k_max, device=logp.device)[None, :] < counts[:, None]
-    rows = keep.nonzero()[:, 0]
-    rest = logp.clone()
-    rest[rows, idx[keep]] = float("-inf")
-    tail = rest.logsumexp(-1)  # -inf where every token is kept
-    return idx[keep], top[keep], counts, tail, capped
+    k = min(top_k, logp.shape[-1])
+    top, idx = logp.topk(k, dim=-1)
+    rest = logp.exp().scatter(-1, idx, 0.0)  # the tail's probabilities, the top's set to 0
+    mass = rest.double().sum(-1)
+    m = samples if k < logp.shape[-1] else 0
+    if m:
+        empty = mass <= 0
+        rest[empty, idx[empty, 0]] = 1.0  # a row without tail mass draws anything: its tail term is p(T) · … = 0
+        drawn = torch.multinomial(rest.cpu(), m, replacement=True, generator=generator).to(logp.device)
+    else:
+        drawn = torch.zeros((logp.shape[0], 0), dtype=torch.long, device=logp.device)
+    return idx.to(torch.int32), top, drawn.to(torch.int32), logp.gather(-1, drawn)
 
 
 class CachedKL:
-    """A KL tracker for `_score_batches` reading the base's recorded kept tokens from `src`: the running KL_S(base ‖
-    model) (module docstring) at the same positions, in the same order, as they were recorded."""
+    """A KL tracker for `_score_batches` reading the base's recorded top-k and tail samples from `src`: the running
+    KL(base ‖ model), its tail estimated (module docstring), at the same positions, in the same order, as they were
+    recorded."""
 
     def __init__(self, src: Path, meta: dict):
         import numpy as np
 
+        self.k, self.m = meta["k"], meta["samples"]
         self.vocab, self.positions = meta["vocab"], meta["positions"]
-        self.kept, self.capped = meta.get("kept", 0), meta.get("capped", 0)
-        n, kept = self.positions, self.kept
-        self.idx = np.memmap(src / _IDX, dtype=np.int32, mode="r", shape=(kept,)) if kept else None
-        self.logp = np.memmap(src / _LOGP, dtype=np.float32, mode="r", shape=(kept,)) if kept else None
-        self.tail = np.memmap(src / _TAIL, dtype=np.float32, mode="r", shape=(n,)) if n else None
-        self.counts = np.memmap(src / _COUNT, dtype=np.int32, mode="r", shape=(n,)) if n else None
-        self.at, self.entry, self.total = 0, 0, 0.0
+        n = self.positions
+
+        def arr(name, dtype, width):
+            return np.memmap(src / name, dtype=dtype, mode="r", shape=(n, width)) if n and width else None
+
+        self.idx, self.logp = arr(_IDX, np.int32, self.k), arr(_LOGP, np.float32, self.k)
+        self.sidx, self.slogp = arr(_SIDX, np.int32, self.m), arr(_SLOGP, np.float32, self.m)
+        self.at, self.total = 0, 0.0
 
     def __enter__(self):
         return self
@@ -218,38 +219,35 @@ class CachedKL:
         for r in range(batch.shape[0]):
             self.total += self._row(logits[r, first - 1 : -1])
 
-    def _row(self, logits) -> float:
+    def _rows(self, array, sl, device, dtype):
         import torch
+
+        return torch.from_numpy(array[sl].astype(dtype)).to(device)
+
+    def _row(self, logits) -> float:
         import torch.nn.functional as F
 
         n = logits.shape[0]
         if self.at + n > self.positions:
             raise DataError("the cached base evaluation has fewer positions than the text: the cache is stale")
-        counts = torch.from_numpy(self.counts[self.at : self.at + n].astype("int64"))
-        size = int(counts.sum().item())
-        sl = slice(self.entry, self.entry + size)
-        lp_tail = torch.from_numpy(self.tail[self.at : self.at + n].copy()).to(logits.device).double()
-        self.at, self.entry = self.at + n, self.entry + size
-        device = logits.device
-        idx = torch.from_numpy(self.idx[sl].astype("int64")).to(device)
-        lp = torch.from_numpy(self.logp[sl].copy()).to(device).double()
-        pos = torch.repeat_interleave(torch.arange(n), counts).to(device)
+        sl, dev = slice(self.at, self.at + n), logits.device
+        self.at += n
         logq = F.log_softmax(logits[:, : self.vocab].float(), dim=-1)
-        lq = logq[pos, idx].double()
-        kl = torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, pos, lp.exp() * (lp - lq))
-        p_tail = lp_tail.exp()
-        if bool((p_tail > 0).any()):
-            logq[pos, idx] = float("-inf")
-            lq_tail = logq.logsumexp(-1).double()
-            kl = kl + torch.where(p_tail > 0, p_tail * (lp_tail - lq_tail), torch.zeros_like(p_tail))
+        lp = self._rows(self.logp, sl, dev, "float64")
+        lq_top = logq.gather(-1, self._rows(self.idx, sl, dev, "int64")).double()
+        kl = (lp.exp() * (lp - lq_top)).sum(-1)
+        if self.m:  # the tail: p(T)·E[r − 1 − log r] from the draws, + p(T) − q(T) exactly (module docstring)
+            p_tail = (1.0 - lp.exp().sum(-1)).clamp_min(0.0)  # both as 1 − the top's mass: equal for equal models
+            q_tail = (1.0 - lq_top.exp().sum(-1)).clamp_min(0.0)
+            log_r = logq.gather(-1, self._rows(self.sidx, sl, dev, "int64")).double()
+            log_r = log_r - self._rows(self.slogp, sl, dev, "float64")
+            kl = kl + p_tail * (log_r.exp() - 1.0 - log_r).mean(-1) + p_tail - q_tail
         return float(kl.sum().item())
 
     def result(self) -> dict:
         if self.at != self.positions:
             raise DataError("the cached base evaluation has more positions than the text: the cache is stale")
-        if not self.positions:
-            return {}
-        return {"kl": self.total / self.positions, **({"kl_bound": True} if self.capped else {})}
+        return {"kl": self.total / self.positions} if self.positions else {}
 
 
 def lookup(cache_dir: Path, key: str) -> tuple[Path, dict] | None:
@@ -275,12 +273,12 @@ def _entry_problem(entry: Path, meta_file: Path) -> tuple[str | None, dict]:
     except (OSError, ValueError) as e:
         return f"its {_RESULT} cannot be read ({type(e).__name__})", {}
     try:
-        n, kept = int(meta["positions"]), int(meta["kept"])
+        n, k, m = int(meta["positions"]), int(meta["k"]), int(meta["samples"])
         if not isinstance(meta["result"], dict) or meta.get("v") != _VERSION:
             raise ValueError
     except (KeyError, TypeError, ValueError):
         return f"its {_RESULT} is not this version's", {}
-    sizes = {_IDX: 4 * kept, _LOGP: 4 * kept, _TAIL: 4 * n, _COUNT: 4 * n}
+    sizes = {_IDX: 4 * n * k, _LOGP: 4 * n * k, _SIDX: 4 * n * m, _SLOGP: 4 * n * m}
     for name, size in sizes.items():
         f = entry / name
         if not f.is_file() or f.stat().st_size != size:
@@ -314,7 +312,7 @@ def record(cache_dir: Path, key: str, top_k: int, score) -> tuple[Path, dict]:
         rec = Recorder(tmp, top_k)
         result = score(rec)  # _score_batches enters and leaves the recorder
         meta = {"k": min(top_k, rec.vocab or top_k), "vocab": rec.vocab, "positions": rec.positions, "result": result}
-        meta.update(kept=rec.kept, capped=rec.capped, tail_mass=rec.tail_mass, v=_VERSION)
+        meta.update(samples=rec.samples if meta["k"] < (rec.vocab or 0) else 0, v=_VERSION)
         (tmp / _RESULT).write_text(json.dumps(meta))
         with open(cache_dir / RECORDED, "a") as log:  # one line per time the base was scored: what a frontier cost
             log.write(json.dumps({"key": key, "positions": rec.positions, "pid": os.getpid()}) + "\n")

@@ -49,8 +49,7 @@ def _ppl_of(entry: Any) -> float | None:
 
 def forgetting_report(before: dict, after: dict) -> dict:
     """Per name present in both: ``{"before": ppl, "after": ppl, "change_pct": 100 * (after / before - 1)}``,
-    plus ``"kl"`` (KL(base ‖ tuned) per token) when the after-results hold one, and ``"kl_bound": True`` when that
-    KL is a lower bound (the base cache could not keep enough of the base's distribution, evaluate/base_cache.py).
+    plus ``"kl"`` (KL(base ‖ tuned) per token) when the after-results hold one.
 
     Entries may be ``evaluate_files`` results (dicts with "perplexity"; an "sft" entry with only "loss" is
     compared as exp(loss)) or plain numbers. Names missing on either side are left out. ``change_pct`` is
@@ -68,8 +67,6 @@ def forgetting_report(before: dict, after: dict) -> dict:
         kl = after[name].get("kl") if isinstance(after[name], Mapping) else None
         if kl is not None:
             report[name]["kl"] = kl
-            if after[name].get("kl_bound"):
-                report[name]["kl_bound"] = True
     return report
 
 
