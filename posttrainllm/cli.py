@@ -190,6 +190,7 @@ Sweep options (comma-separated lists):
   --max-forgetting PCT      forgetting budget of the recommendation, in % [default: 5]
   --output-dir DIR          results.json, results.md, frontier.png, cells/ [default: runs/sweep-COMMAND-NAME]
   --discard-weights         delete each cell's weights and checkpoints once measured (keeps disk use small)
+  --dry-run                 list each cell (done, or to run with its command line) and the merges; run nothing
 
 Every cell is a normal COMMAND run (its options as usual, --eval-split or --eval-dataset and at least one
 --ood-eval required). Run again, the sweep skips each cell that finished with the same settings and input
@@ -211,6 +212,8 @@ def _sweep_command(
 
         console = banner.console  # reads no markup: a cell's paths and the plot hint print as they are
         result = sweep.run(spec, echo=console.print)
+        if result.get("dry_run"):
+            return
         for line in sweep.recommendation_lines(result):
             console.print(line)
         if result.get("plot_note"):

@@ -88,6 +88,7 @@ class SweepSpec:
     self_replays: list[int] = field(default_factory=lambda: [0])
     merge_alphas: list[float] = field(default_factory=list)
     merge_gammas: list[float] = field(default_factory=lambda: [1.0])
+    dry_run: bool = False  # list the cells and merges (done or to run) and their command lines; run and write nothing
 
     def cells(self) -> list[Cell]:
         """Every combination, less those that mean nothing: self-replay with nothing mixed in (a replay ratio of 0),
@@ -198,7 +199,7 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         raise UsageError(f"sweep COMMAND must be one of {', '.join(SWEEP_COMMANDS)}, got {command!r}")
     found: dict[str, str] = {}
     passthrough: list[str] = []
-    discard = False
+    discard = dry_run = False
     i = 0
     while i < len(args):
         tok = args[i]
@@ -216,7 +217,9 @@ def parse(command: str, args: list[str]) -> SweepSpec:
             found[_SWEEP_OPTIONS[flag]] = value
         elif tok == "--discard-weights":
             discard = True
-        elif tok in ("--overwrite", "--resume", "--dry-run"):
+        elif tok == "--dry-run":
+            dry_run = True
+        elif tok in ("--overwrite", "--resume"):
             raise UsageError(f"{tok} is not available in a sweep: cells are skipped when done and re-run otherwise")
         else:
             passthrough.append(tok)
@@ -257,6 +260,7 @@ def parse(command: str, args: list[str]) -> SweepSpec:
     spec = SweepSpec(
         command, gammas, lrs, replay, seeds, jobs, max_forgetting, out, passthrough, discard,
         kl_values=kl_values, self_replays=self_replays, merge_alphas=merge_alphas, merge_gammas=merge_gammas,
+        dry_run=dry_run,
     )  # fmt: skip
     problems += _check_cells(spec)
     if problems:

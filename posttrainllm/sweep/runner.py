@@ -127,8 +127,10 @@ def _record(cell: Cell, d: Path, seconds: float, fingerprint: str) -> dict:
 
 
 def run(spec: SweepSpec, echo=print) -> dict:
-    """Run (or skip) every cell, then aggregate, recommend and write results.json / results.md / frontier.png."""
-    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    """Run (or skip) every cell, then aggregate, recommend and write results.json / results.md / frontier.png.
+    With --dry-run: only say what would run (`_dry_run`)."""
+    if not spec.dry_run:
+        spec.output_dir.mkdir(parents=True, exist_ok=True)
     cells = spec.cells()
     previous = read_record(spec.output_dir / "results.json")
     records: dict[str, dict] = {}
@@ -148,6 +150,8 @@ def run(spec: SweepSpec, echo=print) -> dict:
         f"sweep: {len(cells)} cells ({len(cells) - len(todo)} already done, {len(todo)} to run, {spec.jobs} at a time)"
         f" → {spec.output_dir}"
     )
+    if spec.dry_run:
+        return _dry_run(spec, cells, todo, echo)
     failed = []
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
         futures = [pool.submit(_run_cell, spec, cell, i % spec.jobs, idents[cell.name]) for i, cell in enumerate(todo)]
@@ -194,6 +198,20 @@ def run(spec: SweepSpec, echo=print) -> dict:
     note = plot_frontier(summary, spec.output_dir / "frontier.png")
     result["plot_note"] = note
     return result
+
+
+def _dry_run(spec: SweepSpec, cells: list[Cell], todo: list[Cell], echo) -> dict:
+    """--dry-run: each cell (done, or to run with its command line) and the merges of each, nothing run or written."""
+    import shlex
+
+    for cell in cells:
+        if cell in todo:
+            echo(f"{cell.name}: to run: posttrainllm {' '.join(shlex.quote(a) for a in spec.argv(cell))}")
+        else:
+            echo(f"{cell.name}: done")
+    for merge in spec.merges():
+        echo(f"every trained cell merged back toward the base at α {merge.alpha:g} (γ {merge.gamma:g})")
+    return {"dry_run": True, "cells": [c.name for c in cells], "to_run": [c.name for c in todo], "failed": []}
 
 
 def _merges(spec: SweepSpec, cells: list[Cell], records: dict, failed: list, echo) -> list[dict]:

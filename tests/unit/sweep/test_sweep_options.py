@@ -84,3 +84,20 @@ def test_cli_exit_codes_for_refused_values(base):
     assert r.exit_code == 2 and "--lr" in r.output and "1.0000001e-3" in r.output
     r = runner.invoke(app, ["sweep", "sft", *base[0], "--lr", "1e-4", "--max-forgetting", "5,-50"])
     assert r.exit_code == 2 and "--max-forgetting" in r.output
+
+
+def test_a_dry_run_lists_every_cell_and_writes_nothing(tiny_model_dir, alpaca_file, text_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from posttrainllm.cli import app
+
+    out = tmp_path / "sw"
+    argv = ["sweep", "sft", "--model", str(tiny_model_dir), "--dataset", str(alpaca_file), "--eval-dataset",
+        str(alpaca_file), "--ood-eval", str(text_file), "--llrd", "1.0,0.9", "--lr", "1e-3,2e-3", "--merge-alpha",
+        "0.5", "--max-steps", "2", "--output-dir", str(out), "--dry-run"]  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "4 cells (0 already done, 4 to run" in text and text.count(": to run: posttrainllm sft") == 4
+    assert "--llrd 0.9" in text and "merged back toward the base at α 0.5" in text
+    assert not out.exists()
