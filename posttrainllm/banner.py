@@ -107,7 +107,10 @@ def tied_row(plan) -> str | None:
         if plan.tied_policy == "embedding"
         else "base LR like the head (policy 'head')"
     )
-    return f"tied input/output embeddings: {plan.tied_param_name} trains at {fmt_lr(plan.tied_lr)}, {where}"
+    total = sum(r["n_params"] for r in plan.rows)
+    tied_n = next((r["n_params"] for r in plan.rows if r.get("tied")), 0)
+    share = f" ({100 * tied_n / total:.0f}% of the trainable parameters)" if total and tied_n >= 0.2 * total else ""
+    return f"tied input/output embeddings{share}: {plan.tied_param_name} trains at {fmt_lr(plan.tied_lr)}, {where}"
 
 
 def tied_elsewhere(plan, row) -> str | None:

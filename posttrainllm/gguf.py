@@ -89,11 +89,16 @@ def inspect(path: Path, what: str = "--model") -> dict[str, Any]:
             elements[name] = elements.get(name, 0) + int(t.n_elements)
     quant = max(elements, key=elements.get) if elements else (max(counts, key=counts.get) if counts else "F32")
     check_architecture(arch, path, what)
+    total = sum(elements.values())
+    shares = {k: v / total for k, v in sorted(elements.items(), key=lambda kv: -kv[1])} if total else {}
+    # a mix (Q4_K_M: Q8_0 embeddings, Q5_0, Q4_K and Q6_K blocks): the fewest bits any 5% of the matrices has
+    low = min((nominal_bits(k) for k, share in shares.items() if share >= 0.05), default=nominal_bits(quant))
     return {
         "file": str(path.resolve()),
         "architecture": arch,
         "quantization": quant,
-        "bits": nominal_bits(quant),
+        "bits": min(nominal_bits(quant), low),
+        "matrix_types": {k: round(v, 4) for k, v in shares.items()},
         "tensor_types": dict(sorted(counts.items())),
         "name": _field(reader, "general.name"),
     }
@@ -246,16 +251,28 @@ def _lock(lock_path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _kind(info: dict[str, Any]) -> str:
+    """The quantization in words: its type, or the mix of the types that hold 5% or more of the weight matrices."""
+    shares = {k: v for k, v in (info.get("matrix_types") or {}).items() if v >= 0.05}
+    if len(shares) > 1:
+        return " + ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items())
+    return info["quantization"]
+
+
 def describe(info: dict[str, Any]) -> str:
-    """The banner's words for a GGUF source: `SmolLM2-135M-Instruct.Q4_1.gguf (GGUF, Q4_1, dequantized)`."""
-    return f"{Path(info['file']).name} (GGUF, {info['quantization']}, dequantized)"
+    """The banner's words for a GGUF source: `SmolLM2-135M-Instruct.Q4_1.gguf (GGUF, Q4_1, dequantized)`; a file
+    whose weight matrices mix types names each that holds 5% or more of them: `(GGUF, Q8_0 63% + Q5_0 24% + Q4_K
+    9%, dequantized)`."""
+    return f"{Path(info['file']).name} (GGUF, {_kind(info)}, dequantized)"
 
 
 def low_bit_note(info: dict[str, Any]) -> str | None:
+    """The banner's warning when some weights have LOW_BITS or fewer (the fewest bits any 5% of the matrices has)."""
     if info.get("bits", 32) > LOW_BITS:
         return None
+    kind = _kind(info)
+    bits = f"{info['bits']:g} bits per weight" if kind == info["quantization"] else f"down to {info['bits']:g} bits"
     return (
-        f"the weights come from a {info['quantization']} GGUF file ({info['bits']:g} bits per weight): training "
-        "starts from their quantization error, and its first steps partly repair it (held-out perplexity may "
-        "improve for that reason alone)"
+        f"the weights come from a {kind} GGUF file ({bits}): training starts from their quantization error, and its "
+        "first steps partly repair it (held-out perplexity may improve for that reason alone)"
     )

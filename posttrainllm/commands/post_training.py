@@ -70,6 +70,7 @@ def setup(ctx: Context) -> Setup:
         model = _apply_lora(model, cfg, spec)
     plan = plan_param_groups(cfg, model)
     notes += bottom_scale_note(cfg, plan) + [n for n in (prepared.template_note, label_note(prepared)) if n]
+    notes += shape_notes(model, cfg)
     if cfg.trust_remote_code:
         notes.append("--trust-remote-code is on: the model repository's own code runs")
     resolved = {
@@ -291,6 +292,36 @@ def _model_name(ref: str, source: dict | None) -> str:
     from posttrainllm import gguf
 
     return gguf.describe(source) if source else ref
+
+
+BIG_VOCABULARY = 100_000  # from here the logits are the largest tensor of a step: the banner says what they take
+
+
+def shape_notes(model, cfg) -> list[str]:
+    """What the model's shape means for the run, from its config: a big vocabulary (what a step's logits take at
+    the run's batch and length, and that the KL anchor and evaluation hold them a chunk at a time), and
+    sliding-window attention (in how many blocks, and the window against --max-length)."""
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    notes = []
+    vocab = getattr(text, "vocab_size", 0) or 0
+    length = cfg.max_length or 0
+    if vocab >= BIG_VOCABULARY and length:
+        gib = vocab * length * cfg.batch_size * 4 / 2**30
+        notes.append(
+            f"vocabulary of {vocab:,} tokens: a step's logits take {gib:.2f} GiB in float32 at batch "
+            f"{cfg.batch_size} × {length} (and as much for their gradient); the KL anchor and held-out evaluation "
+            "hold them a chunk of positions at a time"
+        )
+    window, kinds = getattr(text, "sliding_window", None), list(getattr(text, "layer_types", None) or [])
+    sliding = sum(1 for k in kinds if "sliding" in str(k))
+    if window and sliding:
+        beyond = f"; --max-length {length} is past it, so those blocks see the last {window} tokens only" if (
+            length > window) else ""  # fmt: skip
+        notes.append(
+            f"sliding-window attention (window {window}) in {sliding} of {len(kinds)} blocks, full attention in the "
+            f"rest{beyond}"
+        )
+    return notes
 
 
 def gguf_note(source: dict) -> str | None:
