@@ -42,7 +42,7 @@ FORGETTING: tuple[Opt, ...] = (
         default=8,
         help="Without --ood-eval: sample N texts (at most 64 tokens) from the starting model before training and "
         "report KL(start ‖ tuned) per token on them after it, how far the run moved on the model's own text (kept "
-        "in OUT/forgetting_probe.jsonl, reused by --resume). 0 = off. About 3 s on SmolLM2-135M on one CPU core.",
+        "in OUT/forgetting_probe.jsonl, reused by --resume). 0 = off. About 10 s on SmolLM2-135M on one CPU core.",
         commands=LANGUAGE_MODELS,
         check=non_negative_int,
         metavar="N",
