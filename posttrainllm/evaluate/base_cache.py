@@ -8,20 +8,22 @@ log-probabilities and the log of the probability left over (the tail) are writte
 every later model's KL is computed from them.
 
 **The KL from the cache** splits each position's sum in two: the base's `top_k` most likely tokens S (exact), and
-the rest T = V \\ S, estimated from `TAIL_SAMPLES` tokens drawn from the base's own distribution over T (with
-replacement, by a generator seeded once per entry, so an entry is the same every time it is recorded). With
-r = q/p, the tail's part is Σ_{v∈T} p (−log r) = p(T) · E_{v~p(·|T)} [r − 1 − log r] + p(T) − q(T):
+the rest T = V \\ S, estimated from `TAIL_SAMPLES` tokens v_j drawn from the base's own distribution over T (with
+replacement, by a generator seeded once per entry, so an entry is the same every time it is recorded):
 
-    KL(p ‖ q) ≈ Σ_{v ∈ S} p(v) (log p(v) − log q(v))  +  p(T) · (1/M) Σ_j (r_j − 1 − log r_j)  +  p(T) − q(T)
+    KL(p ‖ q) ≈ Σ_{v ∈ S} p(v) (log p(v) − log q(v))  +  p(T) · (1/M) Σ_j (log p(v_j) − log q(v_j))  +  c · B
 
-where q(T) = 1 − Σ_{v∈S} q(v) comes from the model's own logits, so only the non-negative term r − 1 − log r
-(second order where the two models are close: a low-variance estimate) is sampled. The estimate is unbiased (not a
-bound, as lumping the tail into one outcome was: that read 10% low on SmolLM2 and 42% on a tiny model), and every
-model measured against one entry sees the same draws, so models are compared on common numbers. A model's KL to the
-base itself is exactly 0; with a vocabulary of at most `top_k` tokens the tail is empty and the KL exact. Measured
-against the two-forward KL on both real models (docs/performance.md, section 14). `DEFAULT_TOP_K` = 256,
-`TAIL_SAMPLES` = 64: 320 entries (2.5 KiB) per position. tests/unit/evaluate/test_base_cache.py checks the exact
-case and the estimate.
+The middle term is an unbiased estimate of the tail's part. B is a control variate of mean 0: with r = q/p, the
+draws' mean of r − 1 less its known value q(T)/p(T) − 1 (q(T) = 1 − Σ_{v∈S} q(v), from the model's own logits),
+weighted by p(T), summed over the text's positions; c is its coefficient that minimizes the variance, estimated
+over the whole text from the same draws and kept in [0, 1]. Where the two models are close (r near 1) c is near 1 and
+the tail term becomes p(T)·E[r − 1 − log r] + p(T) − q(T), whose sampled part is second order (low variance); where
+they are far apart (r heavy-tailed) c is near 0 and the plain estimate stands. Not a bound, as lumping the tail
+into one outcome was (that read 10% low on SmolLM2, 3.7% on Gemma 3 and 42% on a tiny model); every model measured
+against one entry sees the same draws, so models are compared on common numbers. A model's KL to the base itself is
+exactly 0; with a vocabulary of at most `top_k` tokens the tail is empty and the KL exact. Measured against the
+two-forward KL on both real models (docs/performance.md, section 14). `DEFAULT_TOP_K` = 256, `TAIL_SAMPLES` = 64:
+320 entries (2.5 KiB) per position. tests/unit/evaluate/test_base_cache.py checks the exact case and the estimate.
 
 The cache key covers the base (the SHA-256 of every file it holds, read whole: `content_identity`, remembered per
 file by size and modification time in the cache folder), the text (SHA-256),
@@ -208,6 +210,7 @@ class CachedKL:
         self.idx, self.logp = arr(_IDX, np.int32, self.k), arr(_LOGP, np.float32, self.k)
         self.sidx, self.slogp = arr(_SIDX, np.int32, self.m), arr(_SLOGP, np.float32, self.m)
         self.at, self.total = 0, 0.0
+        self.control, self.cov, self.var = 0.0, 0.0, 0.0  # the tail's control variate (module docstring)
 
     def __enter__(self):
         return self
@@ -225,6 +228,7 @@ class CachedKL:
         return torch.from_numpy(array[sl].astype(dtype)).to(device)
 
     def _row(self, logits) -> float:
+        import torch
         import torch.nn.functional as F
 
         n = logits.shape[0]
@@ -236,18 +240,27 @@ class CachedKL:
         lp = self._rows(self.logp, sl, dev, "float64")
         lq_top = logq.gather(-1, self._rows(self.idx, sl, dev, "int64")).double()
         kl = (lp.exp() * (lp - lq_top)).sum(-1)
-        if self.m:  # the tail: p(T)·E[r − 1 − log r] from the draws, + p(T) − q(T) exactly (module docstring)
+        if self.m:  # the tail (module docstring): p(T)·mean(−log r), and the control variate's sums
             p_tail = (1.0 - lp.exp().sum(-1)).clamp_min(0.0)  # both as 1 − the top's mass: equal for equal models
             q_tail = (1.0 - lq_top.exp().sum(-1)).clamp_min(0.0)
             log_r = logq.gather(-1, self._rows(self.sidx, sl, dev, "int64")).double()
-            log_r = log_r - self._rows(self.slogp, sl, dev, "float64")
-            kl = kl + p_tail * (log_r.exp() - 1.0 - log_r).mean(-1) + p_tail - q_tail
+            x = -(log_r - self._rows(self.slogp, sl, dev, "float64"))  # log p − log q at each draw
+            y = (-x).exp() - 1.0  # r − 1: its mean over p(·|T) is q(T)/p(T) − 1, known
+            y_mean = torch.where(p_tail > 0, q_tail / p_tail.clamp_min(1e-300) - 1.0, torch.zeros_like(p_tail))
+            kl = kl + p_tail * x.mean(-1)
+            self.control += float((p_tail * (y.mean(-1) - y_mean)).sum().item())
+            xc, yc = x - x.mean(-1, keepdim=True), y - y.mean(-1, keepdim=True)
+            self.cov += float((p_tail**2 * (xc * yc).mean(-1)).sum().item())
+            self.var += float((p_tail**2 * (yc * yc).mean(-1)).sum().item())
         return float(kl.sum().item())
 
     def result(self) -> dict:
         if self.at != self.positions:
             raise DataError("the cached base evaluation has more positions than the text: the cache is stale")
-        return {"kl": self.total / self.positions} if self.positions else {}
+        if not self.positions:
+            return {}
+        c = min(1.0, max(0.0, -self.cov / self.var)) if self.var > 0 else 0.0
+        return {"kl": (self.total + c * self.control) / self.positions}
 
 
 def lookup(cache_dir: Path, key: str) -> tuple[Path, dict] | None:
