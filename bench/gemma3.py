@@ -16,7 +16,6 @@ never copy them into the repository.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
@@ -65,22 +64,10 @@ def gguf_file(cache: Path) -> Path:
 
 
 def main() -> None:
-    from posttrainllm import gguf
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from smollm2 import cli  # the command line both real-model scripts share
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", action="store_true", help="print only the GGUF file's path")
-    ap.add_argument("--dir", action="store_true", help="print only the converted model directory")
-    args = ap.parse_args()
-    cache = gguf.cache_root().parent
-    path = gguf_file(cache)
-    info = gguf.inspect(path)
-    out = gguf.convert(path, info)
-    if args.gguf:
-        print(path)
-    elif args.dir:
-        print(out)
-    else:
-        print(f"gguf: {path} ({info['quantization']}, {info['architecture']})\nconverted: {out}")
+    cli(__doc__, gguf_file)
 
 
 if __name__ == "__main__":

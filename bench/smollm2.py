@@ -49,15 +49,16 @@ def gguf_file(cache: Path) -> Path:
     return target
 
 
-def main() -> None:
+def cli(doc: str, fetch) -> None:
+    """The command line both real-model scripts share: fetch (`fetch(cache)` → the checked GGUF file), convert
+    once, print the paths."""
     from posttrainllm import gguf
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--gguf", action="store_true", help="print only the GGUF file's path")
     ap.add_argument("--dir", action="store_true", help="print only the converted model directory")
     args = ap.parse_args()
-    cache = gguf.cache_root().parent
-    path = gguf_file(cache)
+    path = fetch(gguf.cache_root().parent)
     info = gguf.inspect(path)
     out = gguf.convert(path, info)
     if args.gguf:
@@ -66,6 +67,10 @@ def main() -> None:
         print(out)
     else:
         print(f"gguf: {path} ({info['quantization']}, {info['architecture']})\nconverted: {out}")
+
+
+def main() -> None:
+    cli(__doc__, gguf_file)
 
 
 if __name__ == "__main__":

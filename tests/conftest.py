@@ -200,6 +200,14 @@ def prompts_file(tmp_path):
 
 
 @pytest.fixture
+def ood_file(tmp_path):
+    """A held-out text for the sweep tests: code and prose."""
+    p = tmp_path / "ood.txt"
+    p.write_text("def add(a, b):\n    return a + b\n" * 40 + "the lazy dog sleeps in the sun. " * 60)
+    return p
+
+
+@pytest.fixture
 def text_file(tmp_path):
     p = tmp_path / "corpus.txt"
     p.write_text("\n".join(CORPUS * 40))

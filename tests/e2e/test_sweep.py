@@ -14,13 +14,6 @@ from posttrainllm.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture
-def ood_file(tmp_path):
-    p = tmp_path / "ood.txt"
-    p.write_text("def add(a, b):\n    return a + b\n" * 40 + "the lazy dog sleeps in the sun. " * 60)
-    return p
-
-
 def _grid(model, data, ood, out, *extra):
     return [
         "sweep",

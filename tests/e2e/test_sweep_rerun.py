@@ -16,13 +16,6 @@ from posttrainllm.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture
-def ood_file(tmp_path):
-    p = tmp_path / "ood.txt"
-    p.write_text("def add(a, b):\n    return a + b\n" * 40 + "the lazy dog sleeps in the sun. " * 60)
-    return p
-
-
 def _hashes(*paths: Path) -> dict[str, str]:
     """Every file under each input (a file, or a model folder), by path: its SHA-256."""
     files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*"))) if f.is_file()]
