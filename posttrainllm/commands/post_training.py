@@ -297,7 +297,7 @@ def _model_name(ref: str, source: dict | None) -> str:
 BIG_VOCABULARY = 100_000  # from here the logits are the largest tensor of a step: the banner says what they take
 
 
-def shape_notes(model, cfg) -> list[str]:
+def shape_notes(model, cfg: RunConfig) -> list[str]:
     """What the model's shape means for the run, from its config: a big vocabulary (what a step's logits take at
     the run's batch and length, and that the KL anchor and evaluation hold them a chunk at a time), and
     sliding-window attention (in how many blocks, and the window against --max-length)."""

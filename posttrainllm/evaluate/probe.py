@@ -23,8 +23,16 @@ PROBE_TOKENS = 64  # at most, with the BOS
 PROBE_FILE = PROBE
 
 
-def _settings(n: int, seed: int, model_identity) -> dict:
-    return {"samples": n, "max_length": PROBE_TOKENS, "seed": seed, "temperature": 1.0, "model": model_identity}
+def _settings(n: int, seed: int, model_identity, length: int) -> dict:
+    return {"samples": n, "max_length": length, "seed": seed, "temperature": 1.0, "model": model_identity}
+
+
+def probe_length(model) -> int:
+    """Tokens a probe text may have: `PROBE_TOKENS`, or fewer where the model's positions end sooner."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    keys = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    limits = [v for k in keys if isinstance(v := getattr(config, k, None), int) and v > 1]
+    return min([PROBE_TOKENS, *limits[:1]])
 
 
 def _read(path: Path, settings: dict) -> list[str] | None:
@@ -44,17 +52,18 @@ def _digest(texts: list[str]) -> str:
     return hashlib.sha256(json.dumps(texts).encode()).hexdigest()
 
 
-def obtain(model, tokenizer, out: Path, *, n: int, seed: int, model_identity) -> list[str]:
+def obtain(model, tokenizer, out: Path, *, n: int, seed: int, model_identity, length: int = PROBE_TOKENS):
     """The probe's texts: read from OUT/forgetting_probe.jsonl when it holds the same settings, else drawn from
-    `model` (the starting model, before training) and written there (whole, then renamed into place)."""
+    `model` (the starting model, before training: at most `length` tokens each, the prompt included) and written
+    there (whole, then renamed into place)."""
     from posttrainllm.data.self_replay import draw, prompt_ids
 
-    settings = _settings(n, seed, model_identity)
+    settings = _settings(n, seed, model_identity, length)
     path = Path(out) / PROBE_FILE
     kept = _read(path, settings)
     if kept is not None:
         return kept
-    texts, _ = draw(model, tokenizer, prompt_ids(tokenizer, chat=False), n=n, max_length=PROBE_TOKENS, seed=seed,
+    texts, _ = draw(model, tokenizer, prompt_ids(tokenizer, chat=False), n=n, max_length=length, seed=seed,
         batch_size=n)  # fmt: skip
     tmp = path.with_name(f".{PROBE_FILE}.{os.getpid()}")
     lines = [json.dumps({"settings": settings, "sha256": _digest(texts)})] + [json.dumps({"text": t}) for t in texts]
@@ -63,16 +72,16 @@ def obtain(model, tokenizer, out: Path, *, n: int, seed: int, model_identity) ->
     return texts
 
 
-def measure(model, reference, tokenizer, texts: list[str]) -> dict | None:
-    """{"kl": mean per-token KL(reference ‖ model) over the texts' predicted positions, "samples", "tokens"}; None
-    when no text has a token to predict."""
+def measure(model, reference, tokenizer, texts: list[str], length: int = PROBE_TOKENS) -> dict | None:
+    """{"kl": mean per-token KL(reference ‖ model) over the texts' predicted positions (windows of `length`),
+    "samples", "tokens"}; None when no text has a token to predict."""
     from posttrainllm.errors import DataError
     from posttrainllm.evaluate.files import evaluate_files
 
     total, count, used = 0.0, 0, 0
     for i, text in enumerate(texts):
         try:
-            r = evaluate_files(model, tokenizer, {f"probe{i}": text}, PROBE_TOKENS + 8, progress=False,
+            r = evaluate_files(model, tokenizer, {f"probe{i}": text}, length, progress=False,
                 reference=reference)[f"probe{i}"]  # fmt: skip
         except DataError:  # an empty sample (EOS first): nothing to predict
             continue

@@ -42,6 +42,7 @@ from posttrainllm.rundir.layout import (
     MANIFEST,
     MARKER,
     OWN_RECORDS,
+    PROBE,
     RUN_CONFIG,
     SELF_REPLAY,
     SELF_REPLAY_SETTINGS,
@@ -58,7 +59,9 @@ LOCK_NAME = "lock"
 SLOT_PREFIX = "replaced-"
 SLOT_MANIFEST = ".posttrainllm-manifest.json"  # the replaced contents' own manifest, kept inside their slot
 # what a run writes before its first training step: a directory holding only these is not a finished run
-PRE_TRAINING = frozenset({"run_config.json", "param_groups.json", "tokenizer", SELF_REPLAY, SELF_REPLAY_SETTINGS})
+PRE_TRAINING = frozenset(
+    {"run_config.json", "param_groups.json", "tokenizer", SELF_REPLAY, SELF_REPLAY_SETTINGS, PROBE}
+)
 _RECORD_LIMIT = 16 << 20  # a run_config.json is a few kB: a bigger one is read no further than this
 
 

@@ -99,7 +99,7 @@ def probe_texts(s: Setup, spec: CommandSpec, run_dir) -> list[str] | None:
         return None
     run_dir.own([probe.PROBE_FILE])
     return probe.obtain(s.model, s.tokenizer, Path(cfg.output_dir), n=cfg.forgetting_probe, seed=cfg.seed,
-        model_identity=s.model_path or cfg.model)  # fmt: skip
+        model_identity=s.model_path or cfg.model, length=probe.probe_length(s.model))  # fmt: skip
 
 
 def probe_after(s: Setup, model, texts: list[str], precision: str) -> dict | None:
@@ -111,7 +111,7 @@ def probe_after(s: Setup, model, texts: list[str], precision: str) -> dict | Non
     if reference is None:
         return None
     with scoring_autocast(precision):
-        return probe.measure(model, reference, s.tokenizer, texts)
+        return probe.measure(model, reference, s.tokenizer, texts, probe.probe_length(reference))
 
 
 def meet_budget(s: Setup, trainer, metrics: dict, before: dict, after: dict, precision: str, run_dir, sizes):
