@@ -31,10 +31,12 @@ class NonFiniteTensor(ValueError):
 
 def _finite(t: torch.Tensor, side: str, name: str) -> torch.Tensor:
     """`t` itself, after checking that a floating-point tensor holds no NaN or infinity (NonFiniteTensor)."""
-    if t.is_floating_point() and t.numel():
-        ok = torch.isfinite(t if t.element_size() > 1 else t.float()).all()
-        if not bool(ok):
-            raise NonFiniteTensor(side, name)
+    if not (t.is_floating_point() and t.numel()):
+        return t
+    # a sum in float64 first (no tensor of the piece's size is made; decision log 64): a NaN or an infinity makes it
+    # non-finite; only then, element by element (a sum can also overflow from finite values)
+    if not math.isfinite(float(t.sum(dtype=torch.float64))) and not bool(torch.isfinite(t.float()).all()):
+        raise NonFiniteTensor(side, name)
     return t
 
 
