@@ -23,7 +23,8 @@ into one outcome was (that read 10% low on SmolLM2, 3.7% on Gemma 3 and 42% on a
 against one entry sees the same draws, so models are compared on common numbers. A model's KL to the base itself is
 exactly 0; with a vocabulary of at most `top_k` tokens the tail is empty and the KL exact. Measured against the
 two-forward KL on both real models: within 0.16% (SmolLM2) and 0.04% (Gemma 3) (docs/performance.md, section 14).
-`DEFAULT_TOP_K` = 256, `TAIL_SAMPLES` = 64: 320 entries (2.5 KiB) per position. tests/unit/evaluate/test_base_cache.py checks the exact case and the estimate.
+`DEFAULT_TOP_K` = 256, `TAIL_SAMPLES` = 64: 320 entries (2.5 KiB) per position. tests/unit/evaluate/test_base_cache.py
+checks the exact case and the estimate.
 
 The cache key covers the base (the SHA-256 of every file it holds, read whole: `content_identity`, remembered per
 file by size and modification time in the cache folder), the text (SHA-256),
