@@ -164,6 +164,11 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     problems += eval_cache_problems({**v, "command": command})
     if v.get("max_forgetting") is not None and command != "merge" and not v.get("ood_eval"):
         problems.append("--max-forgetting needs --ood-eval FILE: the budget is the held-out perplexity change")
+    if v.get("max_forgetting") is not None and command != "merge" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        problems.append(
+            "--max-forgetting merges the trained weights in place on one process, not across several: train, then "
+            "run posttrainllm merge --max-forgetting PCT on the result"
+        )
     if v.get("max_forgetting") is not None and v.get("lora_r"):
         problems.append(
             "--max-forgetting merges the trained weights toward the starting ones, which LoRA does not train: "

@@ -109,3 +109,11 @@ def test_merge_max_forgetting_writes_the_merge_within_the_budget(tiny_model_dir,
     assert _change(out, tiny_model_dir, held_out) <= 5 + 1e-3
     r = CliRunner().invoke(app, [str(a) for a in argv[:-1]] + [str(tmp_path / "m2"), "--alpha", "0.5"])
     assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_max_forgetting_under_several_processes_points_at_merge(tiny_model_dir, text_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    r = CliRunner().invoke(app, run_args("finetune", tiny_model_dir, text_file, tmp_path / "o", max_forgetting="2",
+        ood_eval=text_file))  # fmt: skip
+    assert r.exit_code == 2 and "posttrainllm merge --max-forgetting" in r.output and "one process" in r.output
+    assert not (tmp_path / "o").exists()
