@@ -38,6 +38,15 @@ class BudgetNotMet(PosttrainError):
     exit_code = 3
 
 
+class Interrupted(PosttrainError):
+    """SIGTERM/SIGINT before training started (rundir/signals.py `stop_on_signal`): nothing to checkpoint, the run
+    stops at once. Exit code 143 (SIGTERM) or 130 (SIGINT), as an interrupt during training."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class DataError(PosttrainError):
     """The dataset cannot be read or has the wrong shape. Exit code 1."""
 

@@ -67,8 +67,9 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
         return
     if s.after_plan is not None and is_rank0():
         s.after_plan(run_dir)
-    before = ood_before(s, precision) if s.cfg.ood_eval else None
-    probe = probe_texts(s, spec, run_dir) if before is None else None
+    with signals.stop_on_signal("the steps before training"):  # the base's evaluation, the probe: minutes, maybe
+        before = ood_before(s, precision) if s.cfg.ood_eval else None
+        probe = probe_texts(s, spec, run_dir) if before is None else None
     conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, loss mask
     train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before, probe)
 
@@ -165,29 +166,30 @@ def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume
 
     cfg = s.cfg
     guard = signals.InterruptGuard()
-    trainer = build_trainer(
-        spec,
-        cfg,
-        args=conf,
-        model=s.model,
-        tokenizer=s.tokenizer,
-        train=s.prepared.train,
-        eval_ds=s.prepared.eval,
-        plan=s.plan,
-        callbacks=[signals.make_callback(guard)],
-        **s.trainer_models,
-    )
-    if cfg.report_to in ("tensorboard", "all"):
-        run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
-    baseline = None
-    if not spec.from_scratch:  # the weights before training, for the drift report (files on disk, no second model)
-        from posttrainllm import drift
+    with signals.stop_on_signal("the trainer's setup"):  # until training's own guard takes the signals over
+        trainer = build_trainer(
+            spec,
+            cfg,
+            args=conf,
+            model=s.model,
+            tokenizer=s.tokenizer,
+            train=s.prepared.train,
+            eval_ds=s.prepared.eval,
+            plan=s.plan,
+            callbacks=[signals.make_callback(guard)],
+            **s.trainer_models,
+        )
+        if cfg.report_to in ("tensorboard", "all"):
+            run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
+        baseline = None
+        if not spec.from_scratch:  # the weights before training, for the drift report (files on disk)
+            from posttrainllm import drift
 
-        baseline = drift.Baseline(trainer.model, s.model_path or cfg.model)
-    t0 = time.time()
-    last = _at_last_step(trainer, resume_from) if resume_from else None
-    if last is None:
-        check_batches(trainer, cfg)
+            baseline = drift.Baseline(trainer.model, s.model_path or cfg.model)
+        t0 = time.time()
+        last = _at_last_step(trainer, resume_from) if resume_from else None
+        if last is None:
+            check_batches(trainer, cfg)
     metrics = _finish_from(trainer, resume_from, last) if last is not None else _train(cfg, trainer, guard, resume_from)
     if s.prepared.eval is not None:
         metrics.update(trainer.evaluate())

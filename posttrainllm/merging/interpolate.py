@@ -29,14 +29,19 @@ class NonFiniteTensor(ValueError):
         self.side, self.name = side, name
 
 
+_CHECK_ELEMENTS = 1 << 20  # elements of a piece checked at once: a boolean tensor of at most 1 MiB
+
+
 def _finite(t: torch.Tensor, side: str, name: str) -> torch.Tensor:
-    """`t` itself, after checking that a floating-point tensor holds no NaN or infinity (NonFiniteTensor)."""
+    """`t` itself, after checking that a floating-point tensor holds no NaN or infinity (NonFiniteTensor), a slice
+    of `_CHECK_ELEMENTS` at a time (the check adds no piece-sized tensor to a merge's memory)."""
     if not (t.is_floating_point() and t.numel()):
         return t
-    # a sum in float64 first (no tensor of the piece's size is made; decision log 64): a NaN or an infinity makes it
-    # non-finite; only then, element by element (a sum can also overflow from finite values)
-    if not math.isfinite(float(t.sum(dtype=torch.float64))) and not bool(torch.isfinite(t.float()).all()):
-        raise NonFiniteTensor(side, name)
+    flat = t.reshape(-1)
+    for start in range(0, flat.numel(), _CHECK_ELEMENTS):
+        part = flat[start : start + _CHECK_ELEMENTS]
+        if not bool(torch.isfinite(part if part.element_size() > 1 else part.float()).all()):
+            raise NonFiniteTensor(side, name)
     return t
 
 

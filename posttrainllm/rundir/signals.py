@@ -8,13 +8,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 from pathlib import Path
 
 from posttrainllm.distributed import max_over_ranks
 from posttrainllm.rundir.layout import MARKER, file_sizes, write_json
 
 EXIT_SIGTERM, EXIT_SIGINT = 143, 130
+
+
+@contextlib.contextmanager
+def stop_on_signal(what: str):
+    """SIGTERM/SIGINT during `what`, a step before training (e.g. sampling the starting model): stop at once with
+    exit 143 / 130 (errors.Interrupted), the run's cleanup (the output directory's lock, replaced contents) running
+    as for any error; there is nothing to checkpoint yet. Outside the main thread, signals stay as they are."""
+    from posttrainllm.errors import Interrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        code = EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT
+        raise Interrupted(f"{signal.Signals(signum).name} during {what}, before training: nothing was trained", code)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 class InterruptGuard:

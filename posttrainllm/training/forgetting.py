@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from posttrainllm.constants import DEFAULT_WINDOW
 from posttrainllm.context import Setup
-from posttrainllm.rundir import checkpoints
+from posttrainllm.rundir import checkpoints, signals
 from posttrainllm.rundir.layout import is_rank0
 
 if TYPE_CHECKING:
@@ -98,8 +98,9 @@ def probe_texts(s: Setup, spec: CommandSpec, run_dir) -> list[str] | None:
     if not cfg.forgetting_probe or spec.from_scratch or spec.reward_head or vlm or world_size() > 1:
         return None
     run_dir.own([probe.PROBE_FILE])
-    return probe.obtain(s.model, s.tokenizer, Path(cfg.output_dir), n=cfg.forgetting_probe, seed=cfg.seed,
-        model_identity=s.model_path or cfg.model, length=probe.probe_length(s.model))  # fmt: skip
+    with signals.stop_on_signal("the forgetting probe's sampling"):
+        return probe.obtain(s.model, s.tokenizer, Path(cfg.output_dir), n=cfg.forgetting_probe, seed=cfg.seed,
+            model_identity=s.model_path or cfg.model, length=probe.probe_length(s.model))  # fmt: skip
 
 
 def probe_after(s: Setup, model, texts: list[str], precision: str) -> dict | None:

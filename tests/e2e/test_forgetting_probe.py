@@ -68,3 +68,22 @@ def test_no_probe_with_ood_eval_or_when_turned_off(tiny_model_dir, text_file, tm
         assert r.exit_code == 0, r.output
         assert "probe" not in json.loads((tmp_path / name / "eval_results.json").read_text())
         assert not (tmp_path / name / probe.PROBE_FILE).exists()
+
+
+def test_sigterm_while_the_probe_samples_stops_cleanly_with_143(tiny_model_dir, text_file, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    real = probe.obtain
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal arrives while the starting model is being sampled
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "obtain", interrupted)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "o"
+    r = invoke(run_args("finetune", tiny_model_dir, text_file, out))
+    assert r.exit_code == 143, r.output
+    assert "SIGTERM during the forgetting probe's sampling" in " ".join(r.output.split())
+    assert not (out / ".posttrainllm" / "lock").exists() and signal.getsignal(signal.SIGTERM) == before
