@@ -20,7 +20,7 @@ from posttrainllm.commands.registry import SPECS
 from posttrainllm.config import Opt, options_for, resolve
 from posttrainllm.config.argv import not_an_option, with_bare_values
 from posttrainllm.config.per_command import full_help
-from posttrainllm.errors import PosttrainError
+from posttrainllm.errors import PosttrainError, interruption_in
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -138,6 +138,10 @@ def guarded(fn: Callable[[], Any], debug: bool) -> int:
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - last resort: one line, traceback only with --debug
+        stopped = interruption_in(e)  # a signal's stop, wrapped by a library it was raised inside
+        if stopped is not None and not debug:
+            _error(str(stopped))
+            return stopped.exit_code
         if debug:
             raise
         _error(f"{type(e).__name__}: {e}".strip() + "  (run with --debug for the traceback)")

@@ -47,6 +47,19 @@ class Interrupted(PosttrainError):
         self.exit_code = exit_code
 
 
+def interruption_in(error: BaseException) -> Interrupted | None:
+    """An Interrupted inside an exception chain (a signal's exception raised inside an import is wrapped by the
+    importing library), if any."""
+    seen = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Interrupted):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 class DataError(PosttrainError):
     """The dataset cannot be read or has the wrong shape. Exit code 1."""
 

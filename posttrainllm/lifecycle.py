@@ -70,7 +70,7 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
     with signals.stop_on_signal("the steps before training"):  # the base's evaluation, the probe: minutes, maybe
         before = ood_before(s, precision) if s.cfg.ood_eval else None
         probe = probe_texts(s, spec, run_dir) if before is None else None
-    conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, loss mask
+        conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, mask
     train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before, probe)
 
 

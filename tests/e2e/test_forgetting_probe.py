@@ -87,3 +87,26 @@ def test_sigterm_while_the_probe_samples_stops_cleanly_with_143(tiny_model_dir, 
     assert r.exit_code == 143, r.output
     assert "SIGTERM during the forgetting probe's sampling" in " ".join(r.output.split())
     assert not (out / ".posttrainllm" / "lock").exists() and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_raised_inside_an_import_still_stops_with_143(tiny_model_dir, text_file, tmp_path, monkeypatch):
+    """A library that imports lazily wraps what an import raised (transformers: RuntimeError "Failed to import"):
+    the stop is still the signal's, exit 143 and one line."""
+    import os
+    import signal
+
+    from posttrainllm import training
+
+    real = training.build_trainer
+
+    def wrapped(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Exception as e:
+            raise RuntimeError("Failed to import trl.trainer.sft_trainer") from e
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "build_trainer", wrapped)
+    r = invoke(run_args("finetune", tiny_model_dir, text_file, tmp_path / "o"))
+    assert r.exit_code == 143, r.output
+    assert "SIGTERM during the trainer's setup" in " ".join(r.output.split()) and "RuntimeError" not in r.output
