@@ -1,8 +1,15 @@
 """The project's error types. They are raised deep down and turned into exit codes in one place (cli.py).
 
 Exit codes: 2 = usage error (bad option, recipe, path), 1 = runtime failure (data, model, training),
-130/143 = interrupted by SIGINT/SIGTERM after a checkpoint was saved.
+130/143 = interrupted by SIGINT/SIGTERM (after a checkpoint was saved, or before training started), 3 = only the
+starting model meets --max-forgetting.
 """
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class PosttrainError(Exception):
@@ -47,17 +54,22 @@ class Interrupted(PosttrainError):
         self.exit_code = exit_code
 
 
-def interruption_in(error: BaseException) -> Interrupted | None:
-    """An Interrupted inside an exception chain (a signal's exception raised inside an import is wrapped by the
-    importing library), if any."""
+def error_in(error: BaseException, kind: type[E]) -> E | None:
+    """The first exception of type `kind` along an exception chain (libraries wrap what was raised inside them:
+    datasets a generator's error, transformers a lazy import's), if any."""
     seen = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
-        if isinstance(e, Interrupted):
+        if isinstance(e, kind):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+def interruption_in(error: BaseException) -> Interrupted | None:
+    """An Interrupted inside an exception chain (a signal's stop raised inside an import), if any."""
+    return error_in(error, Interrupted)
 
 
 class DataError(PosttrainError):

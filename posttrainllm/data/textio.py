@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, PosttrainError, one_line
+from ..errors import DataError, PosttrainError, error_in, one_line
 
 DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".txt")
 # A .txt file is one document read in pieces: these columns say where the document starts and ends.
@@ -73,14 +73,7 @@ def json_type(obj: Any) -> str:
 
 def _unwrap(error: BaseException) -> PosttrainError | None:
     """The project's error inside an exception chain (datasets wraps generator errors), if any."""
-    seen = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        if isinstance(e, PosttrainError):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+    return error_in(error, PosttrainError)
 
 
 def _root(error: BaseException) -> BaseException:
