@@ -221,21 +221,10 @@ def print_probe(probe: dict[str, Any]) -> None:
 
 def print_budget(budget: dict[str, Any]) -> None:
     """--max-forgetting's outcome: the α chosen, the share of the in-domain gain kept, every α tried."""
-    tried = ", ".join(
-        f"α {t['alpha']:g}: " + ("-" if t["ppl_change_pct"] is None else f"{t['ppl_change_pct']:+.2f}%")
-        for t in budget["tried"]
-    )
-    if budget["only_base"]:
-        head = f"forgetting budget {budget['max_forgetting_pct']:g}%: only the starting model meets it"
-    elif budget["alpha"] == 1.0:
-        head = f"forgetting budget {budget['max_forgetting_pct']:g}%: the trained model meets it (α 1)"
-    else:
-        kept = budget.get("kept_gain")
-        share = "" if kept is None else f", keeping {100 * kept:.0f}% of the in-domain gain"
-        head = (
-            f"forgetting budget {budget['max_forgetting_pct']:g}%: merged back to α {budget['alpha']:g}{share} "
-            f"(the trained model is in {budget['unmerged_dir']})"
-        )
+    from posttrainllm.merging.budget import change_text, outcome
+
+    tried = ", ".join(f"α {t['alpha']:g}: {change_text(t['ppl_change_pct'])}" for t in budget["tried"])
+    head = f"forgetting budget {budget['max_forgetting_pct']:g}%: {outcome(budget)}"
     console.print(f"{head}; mean held-out perplexity change at {tried}")
 
 

@@ -82,23 +82,11 @@ def _budget_section(budget: dict | None) -> list[str]:
     """--max-forgetting: the α chosen toward the starting model, the share of the gain kept, every α tried."""
     if not budget:
         return []
-    pct = f"{budget['max_forgetting_pct']:g}%"
-    if budget["only_base"]:
-        what = f"Only the starting model meets the forgetting budget of {pct}: this is the trained model, unmerged."
-    elif budget["alpha"] == 1.0:
-        what = f"The trained model meets the forgetting budget of {pct} as it is (α = 1)."
-    else:
-        kept = budget.get("kept_gain")
-        what = (
-            f"This is the trained model merged back toward the starting model at α = {budget['alpha']:g}, the "
-            f"largest found whose mean held-out perplexity change is within {pct}"
-            + ("" if kept is None else f"; it keeps {100 * kept:.1f}% of the in-domain gain")
-            + f". The trained model itself is in `{Path(budget['unmerged_dir']).name}/`."
-        )
+    from posttrainllm.merging.budget import change_text, outcome
+
+    what = f"Forgetting budget {budget['max_forgetting_pct']:g}% (mean held-out perplexity change): {outcome(budget)}."
     lines = ["## Forgetting budget (--max-forgetting)", "", what, "", "| α | mean perplexity change |", "|---|---|"]
-    for t in budget["tried"]:
-        change = "-" if t["ppl_change_pct"] is None else f"{t['ppl_change_pct']:+.2f}%"
-        lines.append(f"| {t['alpha']:g} | {change} |")
+    lines += [f"| {t['alpha']:g} | {change_text(t['ppl_change_pct'])} |" for t in budget["tried"]]
     return lines + [""]
 
 

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from posttrainllm.errors import UsageError, one_line, shorten
-from posttrainllm.merging.sources import Source, num_blocks
+from posttrainllm.merging.sources import Source, config_int, num_blocks
 from posttrainllm.merging.tensors import TensorFileError, read_header
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -29,12 +29,7 @@ _WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
 
 
 def _width(config: dict) -> int | None:
-    for section in (config.get("text_config"), config):
-        if isinstance(section, dict):
-            for key in _WIDTH_KEYS:
-                if isinstance(section.get(key), int):
-                    return section[key]
-    return None
+    return config_int(config, _WIDTH_KEYS)
 
 
 def _recorded_base(adapter: Source) -> tuple[str, dict | None]:

@@ -114,3 +114,20 @@ def search_models(tuned, base, tokenizer, texts: list[str], max_length: int, bud
     found = search(measure, budget)
     merge.set(found["alpha"])
     return {"max_forgetting_pct": budget, **found}
+
+
+def outcome(budget: dict) -> str:
+    """The budget record (`search`'s, with "kept_gain" and "unmerged_dir") in one sentence, for the run's output and
+    its model card."""
+    if budget["only_base"]:
+        return "only the starting model meets it: the output is the trained model, unmerged"
+    if budget["alpha"] == 1.0:
+        return "the trained model meets it as it is (α = 1)"
+    kept = budget.get("kept_gain")
+    share = "" if kept is None else f", keeping {100 * kept:.1f}% of the in-domain gain"
+    return f"merged back to α = {budget['alpha']:g}{share}; the trained model is in {budget['unmerged_dir']}"
+
+
+def change_text(change: float | None) -> str:
+    """A mean perplexity change as printed: +1.23%, or - when it was not measured."""
+    return "-" if change is None else f"{change:+.2f}%"

@@ -86,13 +86,18 @@ def _hub_snapshot(ref: str, what: str) -> Path:
         raise UsageError(f"{what} {ref}: cannot get its files from the Hub ({one_line(e)})") from None
 
 
-def num_blocks(config: dict) -> int | None:
+def config_int(config: dict, keys) -> int | None:
+    """The first integer among `keys` in a config.json's text section, else in the config itself."""
     for section in (config.get("text_config"), config):
         if isinstance(section, dict):
-            for key in LAYER_COUNT_KEYS:
+            for key in keys:
                 if isinstance(section.get(key), int):
                     return section[key]
     return None
+
+
+def num_blocks(config: dict) -> int | None:
+    return config_int(config, LAYER_COUNT_KEYS)
 
 
 def check_architectures(base: Source, tuned: Source) -> None:
