@@ -378,11 +378,12 @@ def _config_int(ref: str, trust_remote_code: bool, keys: tuple[str, ...]) -> int
     return None
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
 def max_positions(ref: str, trust_remote_code: bool = False) -> int | None:
     """The longest sequence the model's config allows (learned position embeddings fail past it), if it says."""
-    return _config_int(
-        ref, trust_remote_code, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-    )
+    return _config_int(ref, trust_remote_code, POSITION_KEYS)
 
 
 def vocab_size(ref: str, trust_remote_code: bool = False) -> int | None:

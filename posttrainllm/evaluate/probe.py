@@ -29,9 +29,10 @@ def _settings(n: int, seed: int, model_identity, length: int) -> dict:
 
 def probe_length(model) -> int:
     """Tokens a probe text may have: `PROBE_TOKENS`, or fewer where the model's positions end sooner."""
+    from posttrainllm.models import POSITION_KEYS
+
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    keys = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-    limits = [v for k in keys if isinstance(v := getattr(config, k, None), int) and v > 1]
+    limits = [v for k in POSITION_KEYS if isinstance(v := getattr(config, k, None), int) and v > 1]
     return min([PROBE_TOKENS, *limits[:1]])
 
 
