@@ -32,12 +32,21 @@ def cli(args: list[str], log: Path, stdout: Path | None = None) -> float:
     return time.time() - t0
 
 
+FAMILIES = ("smollm2", "gemma3")
+
+
+def model_paths(family: str = "smollm2") -> tuple[Path, Path]:
+    """(GGUF file, its converted model directory) of a real model, fetched once by bench/FAMILY.py: smollm2
+    (SmolLM2-135M-Instruct) or gemma3 (Gemma 3 270M, base)."""
+    fetch = [sys.executable, str(ROOT / "bench" / f"{family}.py")]
+    gguf = subprocess.run([*fetch, "--gguf"], capture_output=True, text=True, check=True).stdout.strip()
+    gguf_dir = subprocess.run([*fetch, "--dir"], capture_output=True, text=True, check=True).stdout.strip()
+    return Path(gguf), Path(gguf_dir)
+
+
 def smollm2_paths() -> tuple[Path, Path]:
     """(GGUF file, its converted model directory) of SmolLM2-135M-Instruct, fetched once by bench/smollm2.py."""
-    smollm = [sys.executable, str(ROOT / "bench" / "smollm2.py")]
-    gguf = subprocess.run([*smollm, "--gguf"], capture_output=True, text=True, check=True).stdout.strip()
-    gguf_dir = subprocess.run([*smollm, "--dir"], capture_output=True, text=True, check=True).stdout.strip()
-    return Path(gguf), Path(gguf_dir)
+    return model_paths("smollm2")
 
 
 def machine() -> str:

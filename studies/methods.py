@@ -48,8 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "studies"))
 
-from common import cli, machine, smollm2_paths, splits  # noqa: E402
-from regime import COMMON, HEAL_CHARS, heal  # noqa: E402
+from common import FAMILIES, cli, machine, model_paths, splits  # noqa: E402
+from regime import COMMON, HEAL_CHARS, family_out, heal  # noqa: E402
 from regime import OUT as REGIME_OUT  # noqa: E402
 from regime import evaluate as regime_evaluate  # noqa: E402
 from regime import prepare_data as regime_data  # noqa: E402
@@ -77,6 +77,12 @@ def use_setting(name: str, domain: Path | None = None) -> None:
     global SETTING, TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET, DOMAIN_FILE  # noqa: PLW0603 (one setting per process)
     SETTING, DOMAIN_FILE = name, domain
     TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = DOMAIN if domain else SETTINGS[name]
+
+
+def use_family(family: str, steps: int) -> None:
+    """The model family and step count of this process: regime.py's folder of that family holds its healed base."""
+    global REGIME_OUT, STEPS  # noqa: PLW0603 (one family per process)
+    REGIME_OUT, STEPS = family_out(REGIME_OUT, family), steps
 
 
 MERGE_ALPHAS = "0.5,0.75"
@@ -247,6 +253,9 @@ def _wall(name: str, res: dict, out: Path) -> str:
     return ""
 
 
+UNHEALED = "gguf-base"  # the evaluation of the GGUF before healing: reported by --phase report, not a point
+
+
 def points(out: Path) -> list[dict]:
     base_file = out / "eval" / "healed.json"
     if not base_file.is_file():
@@ -254,7 +263,7 @@ def points(out: Path) -> list[dict]:
     base = json.loads(base_file.read_text())
     pts = [_point("healed base", base, base, "0")]
     for ev in sorted((out / "eval").glob("*.json")):
-        if ev.stem != "healed":
+        if ev.stem not in ("healed", UNHEALED):
             res = json.loads(ev.read_text())
             pts.append(_point(ev.stem, res, base, _wall(ev.stem, res, out)))
     return sorted(pts, key=lambda p: p["ind"])
@@ -379,7 +388,14 @@ def report(out: Path) -> str:
     if not pts:
         return "(no healed evaluation yet)"
     seeds = sorted({p["seed"] for p in pts if p["seed"]})
-    return "\n\n".join([table(pts), *(matched(pts, s) for s in seeds), *(at_gains(pts, s) for s in seeds)])
+    parts = [table(pts), *(matched(pts, s) for s in seeds), *(at_gains(pts, s) for s in seeds)]
+    unhealed = out / "eval" / f"{UNHEALED}.json"
+    if unhealed.is_file():  # the healing's own effect: what the Q4 repair alone does to each text
+        base = json.loads((out / "eval" / "healed.json").read_text())
+        p = _point("merge-x-a1-unhealed-lr0-s0", json.loads(unhealed.read_text()), base, "")
+        cols = ", ".join(f"{k} {p[k]:+.1f}%" for k in (*HELD_OUT, "alpaca"))
+        parts.append(f"The GGUF before healing, against the healed base: in-domain NLL {p['ind']:.4f}; {cols}")
+    return "\n\n".join(parts)
 
 
 def main() -> None:
@@ -392,25 +408,30 @@ def main() -> None:
     ap.add_argument("--heldout-offset", type=int, default=0)
     ap.add_argument("--setting", choices=sorted(SETTINGS), default="code", help="regime.py's setting to compare in")
     ap.add_argument("--domain", type=Path, default=None, help="a text file of yours to compare in (module docstring)")
-    ap.add_argument("--out", type=Path, default=None, help=f"default: {OUT} (code), {OUT}-SETTING (others)")
+    ap.add_argument("--out", type=Path, default=None, help=f"default: {OUT} (code), {OUT}-SETTING (others), -FAMILY")
+    ap.add_argument("--family", choices=FAMILIES, default="smollm2", help="the real model (regime.py's --family)")
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps of a trained cell (regime.py's --steps-code)")
     ap.add_argument("--merge-kinds", default="uniform,depth", help="the merges made of each MERGED cell")
     ap.add_argument("--plot", type=Path, default=None, help="write the frontier plot here (a PNG)")
     args = ap.parse_args()
     if args.domain is not None and not args.domain.is_file():
         ap.error(f"--domain {args.domain}: no such file")
     use_setting(args.domain.stem if args.domain else args.setting, args.domain)
-    out: Path = args.out or (OUT if SETTING == "code" else OUT.with_name(f"methods-{SETTING}"))
+    use_family(args.family, args.steps)
+    out: Path = args.out or family_out(OUT if SETTING == "code" else OUT.with_name(f"methods-{SETTING}"), args.family)
     only = args.only.split(",") if args.only else None
     todo = cells([int(s) for s in args.seeds.split(",")], only, args.lrs.split(",") if args.lrs else None)
     if args.phase == "all":
         healed = REGIME_OUT / "healed"
-        if not (healed / "training_complete.json").is_file() and DOMAIN_FILE is None:
+        if not (healed / "training_complete.json").is_file() and DOMAIN_FILE is None and args.family == "smollm2":
             sys.exit("run studies/regime.py first (it heals the base and trains the flat cells)")
-        if not (healed / "training_complete.json").is_file():  # a domain of the user's: heal as regime.py does
-            heal(regime_data(REGIME_OUT / "data", 8_000, 0), smollm2_paths()[0], REGIME_OUT, 40)
+        gguf, gguf_dir = model_paths(args.family)
+        if not (healed / "training_complete.json").is_file():  # a domain of the user's or another family: heal
+            heal(regime_data(REGIME_OUT / "data", 8_000, 0), gguf, REGIME_OUT, 40)
         files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
         (out / "meta.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv}, indent=2))
         evaluate("healed", healed, healed, files, out)
+        evaluate(UNHEALED, gguf_dir, healed, files, out)  # the Q4 GGUF before healing: its repair is not retention
         for cell in todo:  # a flat cell regime.py has not trained is trained here, with the same arguments
             t0 = time.time()
             try:

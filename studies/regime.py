@@ -1,4 +1,5 @@
-"""Find the regime where forgetting happens: a flat LR grid on SmolLM2-135M-Instruct in two longer settings.
+"""Find the regime where forgetting happens: a flat LR grid on a real model (SmolLM2-135M-Instruct, or Gemma 3 270M
+with --family gemma3) in longer settings.
 
     python studies/regime.py                       # heal, train and evaluate every cell (hours on 2 cores)
     python studies/regime.py --phase report        # only the table, from what has finished
@@ -37,12 +38,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "studies"))
 
-from common import cli, machine, smollm2_paths, splits  # noqa: E402
+from common import FAMILIES, cli, machine, model_paths, splits  # noqa: E402
 
 OUT = ROOT / "studies" / "out" / "regime"
 HEAL_CHARS = 600_000
 COMMON = ["--batch-size", "4", "--max-length", "192", "--save-steps", "100000", "--logging-steps", "10"]
 SETTINGS = ("code", "alpaca", "shakespeare")
+
+
+def family_out(out: Path, family: str) -> Path:
+    """A study's output folder for a model family: `out` itself for SmolLM2 (the first study's), `out-FAMILY` else."""
+    return out if family == "smollm2" else out.with_name(f"{out.name}-{family}")
 
 
 def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
@@ -193,9 +199,10 @@ def main() -> None:
     ap.add_argument("--heal-steps", type=int, default=40)
     ap.add_argument("--heldout-chars", type=int, default=8_000)
     ap.add_argument("--heldout-offset", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--family", choices=FAMILIES, default="smollm2", help="the real model (bench/FAMILY.py fetches it)")
+    ap.add_argument("--out", type=Path, default=None, help=f"default: {OUT} (smollm2), {OUT}-FAMILY (others)")
     args = ap.parse_args()
-    out: Path = args.out
+    out: Path = args.out or family_out(OUT, args.family)
     settings = tuple(args.settings.split(","))
     unknown = set(settings) - set(SETTINGS)
     if unknown:
@@ -203,7 +210,7 @@ def main() -> None:
     cells = grid([int(s) for s in args.seeds.split(",")], args.lrs.split(","), settings)
     if args.phase == "all":
         files = prepare_data(out / "data", args.heldout_chars, args.heldout_offset)
-        gguf, gguf_dir = smollm2_paths()
+        gguf, gguf_dir = model_paths(args.family)
         (out / "meta.json").write_text(json.dumps({"machine": machine(), "argv": sys.argv, "grid": cells}, indent=2))
         healed = heal(files, gguf, out, args.heal_steps)
         evaluate("base", gguf_dir, healed, files, out)
