@@ -171,7 +171,7 @@ for _spec in SPECS.values():
     _register(_spec.name, _spec.help, _main_of(_spec.name))
 
 
-SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, dpo or finetune) for every
+SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, sdft, dpo or finetune) for every
 cell of a grid (with --merge-alpha, merge each trained cell back toward the base), and recommend a point of the
 frontier.
 
@@ -187,6 +187,8 @@ Sweep options (comma-separated lists):
   --replay-ratio R1,...     replay ratios (0 = no replay; needs --replay-dataset or --self-replay) [default: 0]
   --kl-to-base B1,...       KL-anchor weights β (0 = none; sft, finetune) [default: 0]
   --self-replay N1,...      self-replay sample counts (0 = none; with --replay-ratio; sft, finetune) [default: 0]
+  --loss-type L1,...        sft's loss: nll (cross-entropy) and/or dft (Dynamic Fine-Tuning; with --kl-to-base,
+                            the ASFT form) [default: nll]
   --merge-alpha A1,...      merge every trained cell back toward the base at these α (needs --eval-dataset)
   --merge-llrd G1,...       depth-scaled merges at these γ as well (1.0 = uniform)
   --seeds S1,S2,...         seeds; cells are averaged over them [default: 0]
@@ -203,7 +205,7 @@ contents, measures only added --merge-alpha values, and keeps every earlier poin
 
 @app.command("sweep", help=SWEEP_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def _sweep_command(
-    ctx: typer.Context, command: Annotated[str, typer.Argument(help="sft, dpo or finetune", metavar="COMMAND")]
+    ctx: typer.Context, command: Annotated[str, typer.Argument(help="sft, sdft, dpo or finetune", metavar="COMMAND")]
 ) -> None:
     args = list(ctx.args)
     debug = "--debug" in args

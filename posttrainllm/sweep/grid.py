@@ -4,6 +4,7 @@ and the merges measured for every trained cell (no training: `posttrainllm merge
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 from posttrainllm.config.argv import not_an_option, to_config
 from posttrainllm.errors import ConfigErrors, PosttrainError, UsageError
 
-SWEEP_COMMANDS = ("sft", "dpo", "finetune")
+SWEEP_COMMANDS = ("sft", "sdft", "dpo", "finetune")
+LOSS_TYPE_COMMANDS = ("sft",)  # --loss-type is an axis (nll, dft) where it names sft's loss; dpo's passes through
 NEAR_BEST = 0.01  # "within 1% of the best eval loss"
 EVAL_CACHE_FLAG = "--eval-cache"  # set by the sweep for its cells and merges; not part of a cell's identity
 
@@ -24,6 +26,7 @@ class Cell:
     seed: int
     kl_to_base: float = 0.0
     self_replay: int = 0
+    loss_type: str = "nll"  # sft's --loss-type: nll (cross-entropy) or dft
 
     @property
     def name(self) -> str:
@@ -31,17 +34,31 @@ class Cell:
         extra = (f"-kl{self.kl_to_base:g}" if self.kl_to_base else "") + (
             f"-selfreplay{self.self_replay}" if self.self_replay else ""
         )
+        extra += f"-{self.loss_type}" if self.loss_type != "nll" else ""
         return f"g{self.gamma:g}-lr{self.lr:g}-replay{self.replay_ratio:g}{extra}-s{self.seed}"
 
     @property
     def point(self) -> tuple:
-        return (self.gamma, self.lr, self.replay_ratio, self.kl_to_base, self.self_replay)
+        return (self.gamma, self.lr, self.replay_ratio, self.kl_to_base, self.self_replay, self.loss_type)
 
 
-def method_label(gamma: float, replay_ratio: float, kl_to_base: float, self_replay: int, merge: str | None) -> str:
+def method_label(
+    gamma: float,
+    replay_ratio: float,
+    kl_to_base: float,
+    self_replay: int,
+    merge: str | None,
+    loss_type: str = "nll",
+    command: str = "sft",
+) -> str:
     """The forgetting-control method of a frontier point, in words: "flat", "γ=0.9 + replay 0.25", "flat + KL
-    β=0.1", "flat + self-replay 256 @0.25", "merge α=0.5 of flat"."""
+    β=0.1", "flat + self-replay 256 @0.25", "DFT flat + KL β=0.5" (sft --loss-type dft; with the KL anchor, the
+    ASFT form), "SDFT γ=0.9" (an sdft cell), "merge α=0.5 of flat"."""
     parts = ["flat" if gamma == 1.0 else f"γ={gamma:g}"]
+    if command == "sdft":
+        parts[0] = f"SDFT {parts[0]}"
+    elif loss_type == "dft":
+        parts[0] = f"DFT {parts[0]}"
     if self_replay:
         parts.append(f"self-replay {self_replay} @{replay_ratio:g}")
     elif replay_ratio:
@@ -86,6 +103,7 @@ class SweepSpec:
     discard_weights: bool = False
     kl_values: list[float] = field(default_factory=lambda: [0.0])
     self_replays: list[int] = field(default_factory=lambda: [0])
+    loss_types: list[str] = field(default_factory=lambda: ["nll"])
     merge_alphas: list[float] = field(default_factory=list)
     merge_gammas: list[float] = field(default_factory=lambda: [1.0])
     dry_run: bool = False  # list the cells and merges (done or to run) and their command lines; run and write nothing
@@ -95,12 +113,13 @@ class SweepSpec:
         and a replay ratio above 0 without self-replay when no --replay-dataset is given."""
         has_pool = _value(self.passthrough, "--replay-dataset") is not None
         return [
-            Cell(g, lr, r, s, kl, n)
+            Cell(g, lr, r, s, kl, n, loss)
             for g in self.gammas
             for lr in self.lrs
             for r in self.replay_ratios
             for kl in self.kl_values
             for n in self.self_replays
+            for loss in self.loss_types
             for s in self.seeds
             if not (n and r == 0) and not (r and not n and not has_pool and any(self.self_replays))
         ]
@@ -140,6 +159,8 @@ class SweepSpec:
             args += ["--kl-to-base", f"{cell.kl_to_base:g}"]
         if cell.self_replay:
             args += ["--self-replay", str(cell.self_replay)]
+        if cell.loss_type != "nll":
+            args += ["--loss-type", cell.loss_type]
         return args
 
 
@@ -162,6 +183,15 @@ _SWEEP_OPTIONS = {
 
 # the sweep's axes that are options of the command as well: a command that does not take one refuses it here
 _COMMAND_AXES = ("--llrd", "--lr", "--replay-ratio", "--kl-to-base", "--self-replay", "--seed")
+LOSS_TYPES = ("nll", "dft")  # sft's --loss-type values (TRL's SFTConfig.loss_type)
+
+
+def _loss_types(text: str) -> list[str]:
+    values = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [v for v in values if v not in LOSS_TYPES]
+    if bad or not values:
+        raise UsageError(f"--loss-type: expected a comma-separated list of {', '.join(LOSS_TYPES)}, got {text!r}")
+    return values
 
 
 def _numbers(flag: str, text: str, kind=float) -> list:
@@ -204,6 +234,12 @@ def parse(command: str, args: list[str]) -> SweepSpec:
     while i < len(args):
         tok = args[i]
         flag, eq, inline = tok.partition("=")
+        if flag == "--loss-type" and command in LOSS_TYPE_COMMANDS:  # an axis: sft's nll and/or dft
+            if not eq and i + 1 >= len(args):
+                raise UsageError(f"{flag} needs a value")
+            found["loss_types"] = inline if eq else args[i + 1]
+            i += 1 if eq else 2
+            continue
         if flag in _SWEEP_OPTIONS:
             reason = not_an_option(command, flag) if flag in _COMMAND_AXES else None
             if reason:
@@ -236,6 +272,7 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         self_replays = _numbers("--self-replay", found.get("self_replays", "0"), int)
         merge_alphas = _numbers("--merge-alpha", found["merge_alphas"]) if "merge_alphas" in found else []
         merge_gammas = _numbers("--merge-llrd", found.get("merge_gammas", "1.0"))
+        loss_types = _loss_types(found.get("loss_types", "nll"))
     except UsageError as e:
         raise ConfigErrors([str(e)]) from None
     if lrs is None:
@@ -260,7 +297,7 @@ def parse(command: str, args: list[str]) -> SweepSpec:
     spec = SweepSpec(
         command, gammas, lrs, replay, seeds, jobs, max_forgetting, out, passthrough, discard,
         kl_values=kl_values, self_replays=self_replays, merge_alphas=merge_alphas, merge_gammas=merge_gammas,
-        dry_run=dry_run,
+        dry_run=dry_run, loss_types=loss_types,
     )  # fmt: skip
     problems += _check_cells(spec)
     if problems:
@@ -303,7 +340,8 @@ def _value(args: list[str], flag: str) -> str | None:
 def _check_cells(spec: SweepSpec) -> list[str]:
     """Each distinct cell configuration goes through the command's own validation (all problems, no model load)."""
     problems: list[str] = []
-    for cell in {Cell(c.gamma, c.lr, c.replay_ratio, spec.seeds[0], c.kl_to_base, c.self_replay) for c in spec.cells()}:
+    distinct = {dataclasses.replace(c, seed=spec.seeds[0]) for c in spec.cells()}
+    for cell in sorted(distinct, key=lambda c: c.name):
         argv = spec.argv(cell)
         try:
             cfg = to_config(spec.command, list(argv[1:]))

@@ -143,6 +143,7 @@ def _records(results: dict, cell: Cell, cell_record: dict, gamma: float, fingerp
         record = {
             k: cell_record.get(k, 0) for k in ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "seed")
         }
+        record.update(loss_type=cell_record.get("loss_type", "nll"), command=cell_record.get("command"))
         name = f"{cell.name}/{merge.name}"
         out.append({**record, **measured, "cell": name, "merge": merge.name, "merge_label": merge.label})
         out[-1]["fingerprint"] = fingerprint

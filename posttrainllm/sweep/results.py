@@ -10,7 +10,8 @@ from typing import Any
 
 from posttrainllm.sweep.grid import NEAR_BEST, method_label
 
-AXES = ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "merge")  # a frontier point, less the seed
+# a frontier point, less the seed
+AXES = ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "loss_type", "command", "merge")
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -19,7 +20,7 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 def _axes(r: dict) -> dict:
     """A record's frontier point (records of older sweeps lack the newer axes: they were off)."""
-    defaults = {"kl_to_base": 0.0, "self_replay": 0, "merge": None}
+    defaults = {"kl_to_base": 0.0, "self_replay": 0, "loss_type": "nll", "command": None, "merge": None}
     return {k: r.get(k, defaults.get(k)) for k in AXES}
 
 
@@ -35,8 +36,9 @@ def summarize(records: list[dict]) -> list[dict]:
     for point, runs in points.items():
         row: dict[str, Any] = {**dict(zip(AXES, point)), "seeds": len(runs)}
         row["method"] = method_label(
-            row["gamma"], row["replay_ratio"], row["kl_to_base"], row["self_replay"], runs[0].get("merge_label")
-        )
+            row["gamma"], row["replay_ratio"], row["kl_to_base"], row["self_replay"], runs[0].get("merge_label"),
+            row["loss_type"], row["command"] or "sft",
+        )  # fmt: skip
         row["eval_loss"], row["eval_loss_std"] = _mean_std([r["eval_loss"] for r in runs])
         kls = {name: [r.get("ood_kl", {}).get(name) for r in runs] for name in runs[0].get("ood_kl") or {}}
         row["ood_kl"] = {n: statistics.fmean(v) for n, v in kls.items() if all(x is not None for x in v)}
@@ -83,6 +85,8 @@ def is_flat(row: dict) -> bool:
         and row["replay_ratio"] == 0
         and not row.get("kl_to_base")
         and not row.get("self_replay")
+        and row.get("loss_type", "nll") == "nll"
+        and row.get("command") != "sdft"
         and not row.get("merge")
     )
 

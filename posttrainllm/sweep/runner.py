@@ -92,14 +92,14 @@ def _run_cell(spec: SweepSpec, cell: Cell, job: int, ident: dict) -> dict:
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         return {"cell": cell.name, "failed": True, "exit_code": rc, "error": tail[0][:300], "log": str(log)}
-    record = _record(cell, d, time.time() - t0, ident["fingerprint"])
+    record = _record(cell, d, time.time() - t0, ident["fingerprint"], spec.command)
     write_record(d, CELL_RECORD, {**record, "settings": {"argv": ident["argv"], "inputs": ident["inputs"]}})
     if spec.discard_weights and not spec.merges():  # with merges: once they are measured (_merges)
         discard_weights(d)
     return record
 
 
-def _record(cell: Cell, d: Path, seconds: float, fingerprint: str) -> dict:
+def _record(cell: Cell, d: Path, seconds: float, fingerprint: str, command: str) -> dict:
     results = json.loads((d / "eval_results.json").read_text())
     metrics = results.get("train", {})
     ood = {name: r.get("change_pct") for name, r in (results.get("ood") or {}).items()}
@@ -111,6 +111,8 @@ def _record(cell: Cell, d: Path, seconds: float, fingerprint: str) -> dict:
         "replay_ratio": cell.replay_ratio,
         "kl_to_base": cell.kl_to_base,
         "self_replay": cell.self_replay,
+        "loss_type": cell.loss_type,
+        "command": command,
         "merge": None,
         "seed": cell.seed,
         "ood_kl": kl,
@@ -181,6 +183,7 @@ def run(spec: SweepSpec, echo=print) -> dict:
             "replay_ratio": spec.replay_ratios,
             "kl_to_base": spec.kl_values,
             "self_replay": spec.self_replays,
+            "loss_type": spec.loss_types,
             "merge_alpha": spec.merge_alphas,
             "merge_llrd": spec.merge_gammas,
             "seeds": spec.seeds,

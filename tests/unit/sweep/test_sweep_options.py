@@ -101,3 +101,29 @@ def test_a_dry_run_lists_every_cell_and_writes_nothing(tiny_model_dir, alpaca_fi
     assert "4 cells (0 already done, 4 to run" in text and text.count(": to run: posttrainllm sft") == 4
     assert "--llrd 0.9" in text and "merged back toward the base at α 0.5" in text
     assert not out.exists()
+
+
+def test_sft_loss_type_is_an_axis_with_its_cells_named_and_labelled_by_method(base):
+    from posttrainllm.sweep.grid import method_label
+
+    spec = parse("sft", [*base[0], "--lr", "1e-4", "--loss-type", "nll,dft", "--kl-to-base", "0,0.5"])
+    cells = spec.cells()
+    assert sorted(c.loss_type for c in cells) == ["dft", "dft", "nll", "nll"]
+    dft_kl = next(c for c in cells if c.loss_type == "dft" and c.kl_to_base)
+    assert dft_kl.name.endswith("-kl0.5-dft-s0")
+    argv = spec.argv(dft_kl)
+    assert argv[argv.index("--loss-type") + 1] == "dft" and argv[argv.index("--kl-to-base") + 1] == "0.5"
+    assert "--loss-type" not in spec.argv(next(c for c in cells if c.loss_type == "nll"))
+    assert method_label(1.0, 0.0, 0.5, 0, None, "dft") == "DFT flat + KL β=0.5"
+    assert method_label(0.9, 0.0, 0.0, 0, None, command="sdft") == "SDFT γ=0.9"
+
+
+def test_an_unknown_sft_loss_type_is_refused_naming_the_values(base):
+    (problem,) = _problems("sft", [*base[0], "--lr", "1e-4", "--loss-type", "nll,focal"])
+    assert problem.startswith("--loss-type") and "nll, dft" in problem and "focal" in problem
+
+
+def test_sweep_help_lists_the_loss_type_axis_and_the_budget():
+    result = runner.invoke(app, ["sweep", "sft", "--help"])
+    assert result.exit_code == 0
+    assert "--loss-type" in result.output and "--max-forgetting" in result.output and "sdft" in result.output
