@@ -171,8 +171,8 @@ for _spec in SPECS.values():
     _register(_spec.name, _spec.help, _main_of(_spec.name))
 
 
-SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, sdft, dpo or finetune) for every
-cell of a grid (with --merge-alpha, merge each trained cell back toward the base), and recommend a point of the
+SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, sdft, dpo or finetune) for
+every cell of a grid (with --merge-alpha, merge each trained cell back toward the base), and recommend a point of the
 frontier.
 
 \b

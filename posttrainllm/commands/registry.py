@@ -19,6 +19,7 @@ from posttrainllm.commands import (
     recipes,
     reward,
     rloo,
+    sdft,
     sft,
 )  # fmt: skip
 from posttrainllm.commands import eval as evaluate
@@ -26,7 +27,23 @@ from posttrainllm.commands.spec import CommandSpec
 
 SPECS: dict[str, CommandSpec] = {
     m.SPEC.name: m.SPEC
-    for m in (pretrain, sft, dpo, kto, reward, grpo, rloo, distill, finetune, evaluate, generate, merge, recipes, demo)
+    for m in (
+        pretrain,
+        sft,
+        dpo,
+        kto,
+        reward,
+        grpo,
+        rloo,
+        distill,
+        sdft,
+        finetune,
+        evaluate,
+        generate,
+        merge,
+        recipes,
+        demo,
+    )
 }
 
 

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
 
 # the data shapes of posttrainllm/data/pipeline.py: sft rows, preference pairs, unpaired labelled completions,
-# prompts (completions are sampled during training), raw text in token blocks
-DataShape = Literal["sft", "preference", "unpaired", "prompts", "text"]
+# prompts (completions are sampled during training), raw text in token blocks; demonstrations: sft rows as a
+# prompt and the demonstration a teacher sees beside it (sdft)
+DataShape = Literal["sft", "demonstrations", "preference", "unpaired", "prompts", "text"]
 # values -> problems; `command` names the command in the messages
 CrossCheck = Callable[[str, Mapping[str, Any]], list[str]]
 

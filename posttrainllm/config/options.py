@@ -17,9 +17,21 @@ from posttrainllm.config.panels.merge import MERGE
 from posttrainllm.config.panels.optimisation import OPTIMISATION
 from posttrainllm.config.panels.rl import ONLINE
 from posttrainllm.config.panels.run import RUN_CONTROL
+from posttrainllm.config.panels.sdft import SDFT
 
 OPTIONS: tuple[Opt, ...] = (
-    INPUTS + LLRD + OPTIMISATION + ONLINE + LORA + FORGETTING + RUN_CONTROL + EVAL + GENERATE + EVERYWHERE + MERGE
+    INPUTS
+    + LLRD
+    + OPTIMISATION
+    + ONLINE
+    + SDFT
+    + LORA
+    + FORGETTING
+    + RUN_CONTROL
+    + EVAL
+    + GENERATE
+    + EVERYWHERE
+    + MERGE
 )
 RECIPE_KEYS = {o.recipe_key for o in OPTIONS} | {k for o in OPTIONS for k in o.deprecated}
 

@@ -82,6 +82,8 @@ class RunConfig:
     reward_weights: list[float] | None = None
     num_generations: int = 4
     max_completion_length: int = 128
+    teacher_kind: str = "ema"
+    teacher_update_rate: float = 0.01
     lora_r: int | None = None
     lora_alpha: float | None = None
     lora_dropout: float = 0.0

@@ -46,6 +46,10 @@ def prepare(
     common = data_options(cfg)
     if shape == "sft":
         prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
+    elif shape == "demonstrations":  # sft's rows, as a prompt and the demonstration the teacher sees beside it
+        from posttrainllm.data.demonstrations import to_demonstrations
+
+        prepared = to_demonstrations(data.prepare_sft(cfg.dataset, tokenizer, **common))
     elif shape == "preference":
         prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
     elif shape == "unpaired":

@@ -13,6 +13,7 @@ from posttrainllm.config.argv import not_an_option, to_config
 from posttrainllm.errors import ConfigErrors, PosttrainError, UsageError
 
 SWEEP_COMMANDS = ("sft", "sdft", "dpo", "finetune")
+METHOD_OF_COMMAND = {"sdft": "SDFT"}  # a command whose training is a forgetting method of its own, by its label
 LOSS_TYPE_COMMANDS = ("sft",)  # --loss-type is an axis (nll, dft) where it names sft's loss; dpo's passes through
 NEAR_BEST = 0.01  # "within 1% of the best eval loss"
 EVAL_CACHE_FLAG = "--eval-cache"  # set by the sweep for its cells and merges; not part of a cell's identity
@@ -55,10 +56,9 @@ def method_label(
     β=0.1", "flat + self-replay 256 @0.25", "DFT flat + KL β=0.5" (sft --loss-type dft; with the KL anchor, the
     ASFT form), "SDFT γ=0.9" (an sdft cell), "merge α=0.5 of flat"."""
     parts = ["flat" if gamma == 1.0 else f"γ={gamma:g}"]
-    if command == "sdft":
-        parts[0] = f"SDFT {parts[0]}"
-    elif loss_type == "dft":
-        parts[0] = f"DFT {parts[0]}"
+    objective = METHOD_OF_COMMAND.get(command) or ("DFT" if loss_type == "dft" else None)
+    if objective:
+        parts[0] = f"{objective} {parts[0]}"
     if self_replay:
         parts.append(f"self-replay {self_replay} @{replay_ratio:g}")
     elif replay_ratio:

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.sweep.grid import NEAR_BEST, method_label
+from posttrainllm.sweep.grid import METHOD_OF_COMMAND, NEAR_BEST, method_label
 
 # a frontier point, less the seed
 AXES = ("gamma", "lr", "replay_ratio", "kl_to_base", "self_replay", "loss_type", "command", "merge")
@@ -86,7 +86,7 @@ def is_flat(row: dict) -> bool:
         and not row.get("kl_to_base")
         and not row.get("self_replay")
         and row.get("loss_type", "nll") == "nll"
-        and row.get("command") != "sdft"
+        and row.get("command") not in METHOD_OF_COMMAND
         and not row.get("merge")
     )
 

@@ -21,6 +21,7 @@ from posttrainllm.training.mixins import (
 )
 from posttrainllm.training.padding_free import PaddingFreeMixin
 from posttrainllm.training.progress import _log_callbacks, interactive
+from posttrainllm.training.teacher_state import MovingTeacherMixin
 
 if TYPE_CHECKING:
     from posttrainllm.commands.spec import CommandSpec
@@ -37,6 +38,7 @@ def trainer_class(base: type, samples: bool, anchored: bool) -> type:
     mixins: tuple[type, ...] = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((KLToBaseMixin,) if anchored else ())
     mixins += (ResumedOrderMixin,) if samples else ()
     mixins += (PaddingFreeMixin,) if _is_sft(base) else ()
+    mixins += (MovingTeacherMixin,) if hasattr(base, "_setup_teacher_model") else ()  # sdft: a teacher that trains
 
     class Trainer(*mixins, base):  # type: ignore[misc]
         pass

@@ -61,7 +61,7 @@ def test_recipe_dry_run_with_local_stand_ins(
 ):
     cmd = recipe_command(recipe)
     shapes = {"sft": alpaca_file, "dpo": preference_file, "kto": unpaired_file, "finetune": text_file}
-    shapes.update(grpo=prompts_file, rloo=prompts_file, distill=prompts_file, reward=preference_file)
+    shapes.update(grpo=prompts_file, rloo=prompts_file, distill=prompts_file, reward=preference_file, sdft=alpaca_file)
     data = {**shapes, "pretrain": text_file}[cmd]
     args = [cmd, "--recipe", recipe.stem, "--dataset", str(data), "--output-dir", str(tmp_path / "o"), "--dry-run"]
     if cmd != "pretrain":

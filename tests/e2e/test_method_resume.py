@@ -28,6 +28,8 @@ def _command(kind, model_dir, data, out, reward, *extra, teacher=None):
         base += ["--batch-size", "4", "--max-length", "64"]
     elif kind == "distill":
         base += ["--batch-size", "4", "--teacher", str(teacher), "--max-completion-length", "8"]
+    elif kind == "sdft":  # its moving-average teacher at the checkpoint's step is what the resumed run must go on from
+        base += ["--batch-size", "4", "--max-completion-length", "8", "--teacher-update-rate", "0.5"]
     else:
         base += ["--batch-size", "8", "--reward-fn", f"{reward}:low_ids", "--max-completion-length", "8"]
         base += ["--num-generations", "2"]  # 16 prompts × 2 / 8 = 4 steps per epoch: the run crosses into epoch 2
@@ -43,13 +45,13 @@ def _logged(out: Path, key: str) -> dict[int, float]:
 # One command per mechanism, for CI's time: preference pairs (kto; reward and dpo resume the same way), sampling with
 # rewards (grpo; rloo shares its sampler and mixins) and sampling with a teacher (distill). reward and rloo passed
 # this same test when it was written (2026-12-02); put them back in the list to check them again.
-@pytest.mark.parametrize("kind", ["kto", "grpo", "distill"])
+@pytest.mark.parametrize("kind", ["kto", "grpo", "distill", "sdft"])
 def test_sigterm_then_resume_reproduces_the_losses(
-    kind, tiny_model_dir, teacher_model_dir, unpaired_file, preference_file, prompts_file, tmp_path
+    kind, tiny_model_dir, teacher_model_dir, unpaired_file, preference_file, prompts_file, alpaca_file, tmp_path
 ):
     reward = tmp_path / "toy_reward.py"
     reward.write_text(REWARD)
-    data = {"kto": unpaired_file, "reward": preference_file}.get(kind, prompts_file)
+    data = {"kto": unpaired_file, "reward": preference_file, "sdft": alpaca_file}.get(kind, prompts_file)
     teacher = teacher_model_dir
     env = dict(os.environ)
     ref = tmp_path / "ref"

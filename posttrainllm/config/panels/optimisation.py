@@ -129,9 +129,9 @@ OPTIMISATION: tuple[Opt, ...] = (
         type=float,
         default=None,
         help="β, the strength of the KL penalty to the reference model (0: no reference model is kept; the defaults "
-        "are TRL's). distill: the divergence, from 0 (forward KL) through 0.5 (JSD) to 1 (reverse KL).",
+        "are TRL's). distill, sdft: the divergence, from 0 (forward KL) through 0.5 (JSD) to 1 (reverse KL).",
         defaults_from="beta",
-        commands=("dpo", "kto") + ONLINE_RL + ("distill",),
+        commands=("dpo", "kto") + ONLINE_RL + ("distill", "sdft"),
         check=non_negative,
         metavar="FLOAT",
     ),
