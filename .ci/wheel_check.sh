@@ -31,7 +31,20 @@ mkdir "$work/user" && cd "$work/user"
 "$posttrainllm" recipes > recipes.txt
 cat recipes.txt
 grep -q "^alpaca-sft-llrd " recipes.txt
-"$posttrainllm" demo --quick --output-dir demo
+# The demo's end-to-end check (tests/e2e/test_demo.py runs the same from the checkout; CI runs it here only, from
+# the wheel, and the suite skips it: POSTTRAINLLM_DEMO_CHECKED_BY_WHEEL): the table, its record, the refusal to
+# write into a finished output.
+"$posttrainllm" demo --quick --output-dir demo > demo.txt
+cat demo.txt
+grep -q "flat vs layer-wise LR decay" demo.txt
+"$work/venv/bin/python" - <<'PY'
+import json
+rows = json.load(open("demo/demo_results.json"))
+assert len(rows) == 2, rows
+assert all(r["eval_loss"] > 0 and r["before"] > 0 and r["after"] > 0 for r in rows.values()), rows
+PY
+if "$posttrainllm" demo --quick --output-dir demo 2> again.txt; then echo "a second demo into demo/ was not refused"; exit 1; fi
+grep -q -- "--overwrite" again.txt
 echo "demo --quick done at $((SECONDS - start)) s"
 "$posttrainllm" sft --recipe alpaca-sft-llrd --model demo/base --dataset demo/data/instructions.jsonl \
   --output-dir sft-dry-run --dry-run
