@@ -221,11 +221,11 @@ def print_probe(probe: dict[str, Any]) -> None:
 
 def print_budget(budget: dict[str, Any]) -> None:
     """--max-forgetting's outcome: the α chosen, the share of the in-domain gain kept, every α tried."""
-    from posttrainllm.merging.budget import change_text, outcome
+    from posttrainllm.merging.budget import change_text, measure_label, outcome
 
     tried = ", ".join(f"α {t['alpha']:g}: {change_text(t['ppl_change_pct'])}" for t in budget["tried"])
     head = f"forgetting budget {budget['max_forgetting_pct']:g}%: {outcome(budget)}"
-    console.print(f"{head}; mean held-out perplexity change at {tried}")
+    console.print(f"{head}; {measure_label(budget)} at {tried}")
 
 
 def print_drift(report: dict[str, Any]) -> None:

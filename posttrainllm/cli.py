@@ -193,7 +193,9 @@ Sweep options (comma-separated lists):
   --merge-llrd G1,...       depth-scaled merges at these γ as well (1.0 = uniform)
   --seeds S1,S2,...         seeds; cells are averaged over them [default: 0]
   --jobs N                  cells run in parallel (CPU: threads split; GPUs: one per job) [default: 1]
-  --max-forgetting PCT      forgetting budget of the recommendation, in % [default: 5]
+  --max-forgetting PCT      forgetting budget of the recommendation, in % [default: 5]; given (with
+                            --eval-dataset), each trained cell's budgeted point too: its largest merge toward the
+                            base within PCT (posttrainllm merge --max-forgetting), labelled 'budget ≤PCT% of ...'
   --output-dir DIR          results.json, results.md, frontier.png, cells/ [default: runs/sweep-COMMAND-NAME]
   --discard-weights         delete each cell's weights and checkpoints once measured (keeps disk use small)
   --dry-run                 list each cell (done, or to run with its command line) and the merges; run nothing

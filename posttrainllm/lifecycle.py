@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from posttrainllm import banner, records
 from posttrainllm.context import Context, Setup
-from posttrainllm.errors import DataError, TrainingError
+from posttrainllm.errors import DataError, TrainingError, UsageError
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 from posttrainllm.training.forgetting import meet_budget, ood_after, ood_before, probe_after, probe_texts
@@ -70,6 +70,9 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
     with signals.stop_on_signal("the steps before training"):  # the base's evaluation, the probe: minutes, maybe
         before = ood_before(s, precision) if s.cfg.ood_eval else None
         probe = probe_texts(s, spec, run_dir) if before is None else None
+        if s.cfg.max_forgetting is not None and before is None and not probe:
+            raise UsageError("--max-forgetting needs --ood-eval FILE or the forgetting probe, which this run "
+                "cannot draw (a vision-language model, or no sample to predict): give --ood-eval FILE")  # fmt: skip
         conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, mask
     train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before, probe)
 
@@ -275,8 +278,12 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
     if before is not None:  # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
         after = ood_after(s, trainer.model, precision)
         if cfg.max_forgetting is not None:
-            budget, after, sizes = meet_budget(s, trainer, metrics, before, after, precision, run_dir, sizes)
+            measured = {"before": before, "after": after}
+            budget, after, sizes = meet_budget(s, trainer, metrics, measured, precision, run_dir, sizes)
     probed = probe_after(s, trainer.model, probe, precision) if probe else None
+    if probe and cfg.max_forgetting is not None:  # no --ood-eval: the budget is on the probe
+        measured = {"probe": probe, "probed": probed}
+        budget, probed, sizes = meet_budget(s, trainer, metrics, measured, precision, run_dir, sizes)
     report = None
     if trainer.is_world_process_zero():
         extra = {"budget": budget, "probe": probed}

@@ -82,10 +82,11 @@ def _budget_section(budget: dict | None) -> list[str]:
     """--max-forgetting: the α chosen toward the starting model, the share of the gain kept, every α tried."""
     if not budget:
         return []
-    from posttrainllm.merging.budget import change_text, outcome
+    from posttrainllm.merging.budget import change_text, measure_label, outcome
 
-    what = f"Forgetting budget {budget['max_forgetting_pct']:g}% (mean held-out perplexity change): {outcome(budget)}."
-    lines = ["## Forgetting budget (--max-forgetting)", "", what, "", "| α | mean perplexity change |", "|---|---|"]
+    label = measure_label(budget)
+    what = f"Forgetting budget {budget['max_forgetting_pct']:g}% ({label}): {outcome(budget)}."
+    lines = ["## Forgetting budget (--max-forgetting)", "", what, "", f"| α | {label} |", "|---|---|"]
     lines += [f"| {t['alpha']:g} | {change_text(t['ppl_change_pct'])} |" for t in budget["tried"]]
     return lines + [""]
 

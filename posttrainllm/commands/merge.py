@@ -5,6 +5,7 @@ directory, which follows the project's claim and --overwrite rules (posttrainllm
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,8 +45,6 @@ def config_problems(cfg: RunConfig) -> list[str]:
             problems.append("--max-forgetting needs --ood-eval FILE: the budget is the held-out perplexity change")
         if cfg.depth_schedule != "geometric" or cfg.llrd != 1.0 or cfg.llrd_bottom_scale:
             problems.append("--max-forgetting searches uniform merges: not with a depth schedule")
-        if cfg.discard_weights:
-            problems.append("--max-forgetting writes the merge it chooses: not with --discard-weights")
     if cfg.discard_weights and not (cfg.eval_dataset or cfg.ood_eval):
         problems.append("--discard-weights keeps only measurements: give --eval-dataset and/or --ood-eval")
     return problems
@@ -223,6 +222,10 @@ def main(cfg: RunConfig) -> None:
 
             pairs = [(s.alpha, d) for s, d in zip(all_scales, targets)]
             frontier.measure_and_report(cfg, base.path, pairs, out / RESULTS, schedule_of(cfg), examples)
+            if budget is not None:  # the α tried, beside the points (merge.json goes with --discard-weights)
+                from posttrainllm.rundir.layout import write_json
+
+                write_json(out / RESULTS, {**json.loads((out / RESULTS).read_text()), "budget": budget})
             if cfg.discard_weights:
                 for target in targets:
                     shutil.rmtree(target, ignore_errors=True)

@@ -162,8 +162,12 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     for check in spec_of(command).checks:  # the command's own cross-checks (its spec)
         problems += check(command, v)
     problems += eval_cache_problems({**v, "command": command})
-    if v.get("max_forgetting") is not None and command != "merge" and not v.get("ood_eval"):
-        problems.append("--max-forgetting needs --ood-eval FILE: the budget is the held-out perplexity change")
+    measured = v.get("ood_eval") or v.get("forgetting_probe")  # what a budget is on: held-out text, or the probe
+    if v.get("max_forgetting") is not None and command != "merge" and not measured:
+        problems.append(
+            "--max-forgetting needs --ood-eval FILE (the held-out perplexity change) or the forgetting probe "
+            "(--forgetting-probe N > 0: the perplexity change of the starting model's own samples)"
+        )
     if v.get("max_forgetting") is not None and command != "merge" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         problems.append(
             "--max-forgetting merges the trained weights in place on one process, not across several: train, then "

@@ -2,8 +2,11 @@
 factor α toward the starting model whose held-out forgetting is at most PCT.
 
 The forgetting of a model is the mean, over the `--ood-eval` texts, of its perplexity change against the starting
-model, measured the way `eval` measures it (evaluate/). The merged model at α is θ(α) = θ_base + α (θ_tuned − θ_base)
-(merging/interpolate.py), so α = 1 is the trained model and α = 0 the starting one, whose change is 0 by definition.
+model, measured the way `eval` measures it (evaluate/). Without --ood-eval it is the perplexity change of the
+forgetting probe's texts, the starting model's own samples: 100 (exp(KL) - 1) from the probe's mean per-token
+KL(start ‖ tuned) (`probe_change`), so PCT is a KL budget of ln(1 + PCT/100) nats per token. The merged model at α
+is θ(α) = θ_base + α (θ_tuned − θ_base) (merging/interpolate.py), so α = 1 is the trained model and α = 0 the
+starting one, whose change is 0 by definition.
 
 The search (`search`) is a bisection over α in [0, 1]: α = 1 first (the trained run's own report, already measured);
 when it is within the budget, α is 1. Otherwise `STEPS` halvings keep the largest α measured within the budget,
@@ -24,6 +27,8 @@ from collections.abc import Callable
 STEPS = 7  # halvings: α found to 1/128
 BUDGET_EXIT = 3  # exit code when only the starting model meets the budget
 UNMERGED = "unmerged"  # the trained model, kept beside the budgeted one under OUT/unmerged/
+HELD_OUT = "held-out perplexity"  # what the budget measures: --ood-eval's mean perplexity change,
+PROBE = "probe"  # or, without --ood-eval, the forgetting probe's (evaluate/probe.py): `probe_change`
 
 
 def search(measure: Callable[[float], float | None], budget: float, *, at_one: float | None = None,
@@ -85,6 +90,21 @@ def mean_change(report: dict) -> float | None:
     return sum(changes) / len(changes)
 
 
+def probe_change(probe: dict | None) -> float | None:
+    """The perplexity change (%) of the starting model's own samples under the tuned model, from the probe's mean
+    per-token KL(start ‖ tuned): the tuned model's cross-entropy on the starting model's distribution exceeds that
+    distribution's entropy by the KL, so the perplexity ratio is exp(KL) and the change 100 (exp(KL) - 1). A budget
+    of PCT is thus a KL budget of ln(1 + PCT/100) nats per token (`probe_kl_budget`). None without a probe."""
+    if probe is None or probe.get("kl") is None or not math.isfinite(probe["kl"]):
+        return None
+    return 100 * math.expm1(max(probe["kl"], 0.0))
+
+
+def probe_kl_budget(budget: float) -> float:
+    """The probe's KL (nats per token) that a budget of `budget` percent allows: ln(1 + budget/100)."""
+    return math.log1p(budget / 100)
+
+
 def kept_gain(base_loss: float | None, tuned_loss: float | None, loss: float | None) -> float | None:
     """The share of the trained run's in-domain gain that the budgeted model keeps: (L_base − L_α) / (L_base −
     L_tuned); None without an eval set or without a gain."""
@@ -126,6 +146,13 @@ def outcome(budget: dict) -> str:
     kept = budget.get("kept_gain")
     share = "" if kept is None else f", keeping {100 * kept:.1f}% of the in-domain gain"
     return f"merged back to α = {budget['alpha']:g}{share}; the trained model is in {budget['unmerged_dir']}"
+
+
+def measure_label(budget: dict) -> str:
+    """What the budget record's changes measure, in words."""
+    if budget.get("measure") == PROBE:
+        return "perplexity change of the starting model's own samples (the forgetting probe: exp(KL) - 1)"
+    return "mean held-out perplexity change"
 
 
 def change_text(change: float | None) -> str:

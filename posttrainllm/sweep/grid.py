@@ -107,6 +107,7 @@ class SweepSpec:
     merge_alphas: list[float] = field(default_factory=list)
     merge_gammas: list[float] = field(default_factory=lambda: [1.0])
     dry_run: bool = False  # list the cells and merges (done or to run) and their command lines; run and write nothing
+    budget_points: bool = False  # --max-forgetting given, with --eval-dataset and --ood-eval: cells' budgeted merges
 
     def cells(self) -> list[Cell]:
         """Every combination, less those that mean nothing: self-replay with nothing mixed in (a replay ratio of 0),
@@ -128,6 +129,10 @@ class SweepSpec:
     def eval_cache(self) -> Path:
         """Where every cell and merge of the sweep finds the base's held-out evaluation (scored once per text)."""
         return self.output_dir / "base_eval"
+
+    def measures_merges(self) -> bool:
+        """Whether trained cells are merged back toward the base (--merge-alpha, or the budgeted point per cell)."""
+        return bool(self.merges()) or self.budget_points
 
     def merges(self) -> list[Merge]:
         """The merges measured for every trained cell (α = 1 with γ = 1 is the cell itself and is not repeated)."""
@@ -284,12 +289,7 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         problems.append("--max-forgetting must be a finite number (percent)")
     if any(s < 0 for s in seeds):
         problems.append("--seeds must be non-negative integers")
-    problems += _check_merges(merge_alphas, merge_gammas, "merge_gammas" in found)
-    if merge_alphas and _value(passthrough, "--eval-dataset") is None:
-        problems.append(
-            "--merge-alpha needs --eval-dataset FILE: every merge's in-domain loss is measured on it "
-            "(the rows --eval-split takes are not a file)"
-        )
+    problems += _check_merges(merge_alphas, merge_gammas, "merge_gammas" in found, passthrough)
     if any(n > 0 for n in self_replays) and all(r == 0 for r in replay):
         problems.append("--self-replay above 0 needs a --replay-ratio above 0 (the share of the samples in training)")
     model = _value(passthrough, "--model")
@@ -298,6 +298,7 @@ def parse(command: str, args: list[str]) -> SweepSpec:
         command, gammas, lrs, replay, seeds, jobs, max_forgetting, out, passthrough, discard,
         kl_values=kl_values, self_replays=self_replays, merge_alphas=merge_alphas, merge_gammas=merge_gammas,
         dry_run=dry_run, loss_types=loss_types,
+        budget_points="max_forgetting" in found and _measured_on_files(passthrough),
     )  # fmt: skip
     problems += _check_cells(spec)
     if problems:
@@ -305,8 +306,18 @@ def parse(command: str, args: list[str]) -> SweepSpec:
     return spec
 
 
-def _check_merges(alphas: list[float], gammas: list[float], gammas_given: bool) -> list[str]:
+def _measured_on_files(passthrough: list[str]) -> bool:
+    """Whether a merge of a cell can be measured: an --eval-dataset file (its in-domain loss) and an --ood-eval."""
+    return _value(passthrough, "--eval-dataset") is not None and _value(passthrough, "--ood-eval") is not None
+
+
+def _check_merges(alphas: list[float], gammas: list[float], gammas_given: bool, passthrough: list[str]) -> list[str]:
     problems = []
+    if alphas and _value(passthrough, "--eval-dataset") is None:
+        problems.append(
+            "--merge-alpha needs --eval-dataset FILE: every merge's in-domain loss is measured on it "
+            "(the rows --eval-split takes are not a file)"
+        )
     if any(not (0.0 <= a <= 1.0) for a in alphas):
         problems.append(f"--merge-alpha values must lie in [0, 1] (1 = the trained cell, 0 = the base), got {alphas}")
     if any(not (0.5 <= g <= 1.0) for g in gammas):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from posttrainllm.merging.budget import BUDGET_EXIT
 from posttrainllm.sweep.grid import Cell, Merge, SweepSpec, _value, _without
 from posttrainllm.sweep.records import (
     MERGE_RECORD,
@@ -103,10 +104,58 @@ def run_merges(spec: SweepSpec, cell: Cell, cell_record: dict, env: dict) -> tup
                 write_record(d, MERGE_RECORD, {"fingerprint": fp, "argv": argv, "points": points})
         measured = [points[_key(a)] for a in wanted if _key(a) in points]
         records += _records({"points": measured}, cell, cell_record, gamma, fp)
+    if spec.budget_points:
+        budgeted, bad = _budget_point(spec, cell, cell_record, env)
+        records += budgeted
+        failed += bad
     return records, failed
 
 
-def _run(argv: list[str], d: Path, spec: SweepSpec, cell: Cell, gamma: float, env: dict) -> dict | None:
+def budget_dir(spec: SweepSpec, cell: Cell) -> Path:
+    return spec.output_dir / "merges" / f"{cell.name}-budget"
+
+
+def budget_argv(spec: SweepSpec, cell: Cell) -> list[str]:
+    """`posttrainllm merge --max-forgetting P` of one cell: its largest uniform α within the sweep's budget, the
+    point measured (in-domain loss, held-out change) and its weights discarded."""
+    args = _without(_without(merge_argv(spec, cell, 1.0, []), "--alpha"), "--output-dir")
+    return [*args, "--output-dir", str(budget_dir(spec, cell)), "--max-forgetting", f"{spec.max_forgetting:g}"]
+
+
+def _budget_point(spec: SweepSpec, cell: Cell, cell_record: dict, env: dict) -> tuple[list[dict], list[dict]]:
+    """The cell's budgeted point (`budget_argv`), kept in its folder's record like a merge's points. A cell that
+    meets the budget as trained is its own budgeted point (α 1: no second point); one that only the base meets
+    gives the point at α 0."""
+    d = budget_dir(spec, cell)
+    cell_dir = spec.output_dir / "cells" / cell.name
+    argv = budget_argv(spec, cell)
+    blob = json.dumps({"argv": _without(argv, "--eval-cache"), "cell": cell_record.get("fingerprint"),
+        "run": run_identity(cell_dir)})  # fmt: skip
+    fp = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    saved = read_record(d / MERGE_RECORD) or {}
+    points = saved.get("points") if saved.get("fingerprint") == fp else None
+    if not isinstance(points, list):
+        if not has_weights(cell_dir):
+            error = discarded_message(cell.name, cell_dir, [])
+            return [], [{"cell": f"{cell.name} budget", "failed": True, "exit_code": 1, "error": error}]
+        failure = _run(argv, d, spec, cell, 1.0, env, ok=(0, BUDGET_EXIT), label="budget")
+        if failure:
+            return [], [failure]
+        results = json.loads((d / "merge_results.json").read_text())
+        points = [p for p in results["points"] if p["label"] != "base"]
+        write_record(d, MERGE_RECORD, {"fingerprint": fp, "argv": argv, "points": points})
+    chosen = [p for p in points if p["alpha"] != 1.0]
+    cell_record["budget_alpha"] = points[0]["alpha"] if points else None
+    out = _records({"points": chosen}, cell, dict(cell_record), 1.0, fp)
+    for r in out:
+        r.update(cell=f"{cell.name}/budget", merge="budget", budget_alpha=cell_record["budget_alpha"],
+            merge_label=f"budget ≤{spec.max_forgetting:g}%")  # fmt: skip
+    return out, []
+
+
+def _run(argv: list[str], d: Path, spec: SweepSpec, cell: Cell, gamma: float, env: dict, ok=(0,),
+         label: str | None = None) -> dict | None:  # fmt: skip
+    """None when the merge exits with a code in `ok`, else the failure's record."""
     log = spec.output_dir / "logs" / f"{d.name}.merge.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     if d.exists() and any(d.iterdir()):
@@ -117,10 +166,11 @@ def _run(argv: list[str], d: Path, spec: SweepSpec, cell: Cell, gamma: float, en
         f.flush()
         cmd = [sys.executable, "-m", "posttrainllm", *argv]
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    if rc == 0:
+    if rc in ok:
         return None
     tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-    return {"cell": f"{cell.name} merge γ={gamma:g}", "failed": True, "exit_code": rc, "error": tail[0][:300]}
+    what = label or f"merge γ={gamma:g}"
+    return {"cell": f"{cell.name} {what}", "failed": True, "exit_code": rc, "error": tail[0][:300]}
 
 
 def _records(results: dict, cell: Cell, cell_record: dict, gamma: float, fingerprint: str | None = None) -> list[dict]:

@@ -50,6 +50,8 @@ def summarize(records: list[dict]) -> list[dict]:
             mean, std = _mean_std(values)
             row["ood"][name] = {"change_pct": mean, "std": std}
         row["forgetting_pct"] = max((v["change_pct"] for v in row["ood"].values()), default=None)
+        if row.get("merge") == "budget":  # each seed's cell has its own α within the budget
+            row["budget_alphas"] = [r.get("budget_alpha") for r in runs]
         for key in ("reward_accuracy", "reward_margin"):
             if all(key in r for r in runs):
                 row[key], row[key + "_std"] = _mean_std([r[key] for r in runs])
@@ -134,6 +136,7 @@ def recommend(summary: list[dict], max_forgetting: float) -> dict:
             "kl_to_base": r.get("kl_to_base", 0.0),
             "self_replay": r.get("self_replay", 0),
             "merge": r.get("merge"),
+            **({"budget_alphas": r["budget_alphas"]} if "budget_alphas" in r else {}),
             "eval_loss": r["eval_loss"],
             "forgetting_pct": r["forgetting_pct"],
             "vs_flat": _flat_at(summary, r),
@@ -160,7 +163,11 @@ def _fmt_cell(r: dict | None) -> str:
     )
     text += f" --kl-to-base {r['kl_to_base']:g}" if r.get("kl_to_base") else ""
     text += f" --self-replay {r['self_replay']}" if r.get("self_replay") else ""
-    text += f", then posttrainllm merge ({r['merge']})" if r.get("merge") else ""
+    if r.get("merge") == "budget":
+        alphas = ", ".join(f"{a:g}" for a in r.get("budget_alphas") or [] if a is not None)
+        text += f", then posttrainllm merge --max-forgetting (α {alphas})"
+    elif r.get("merge"):
+        text += f", then posttrainllm merge ({r['merge']})"
     text += f" (eval loss {r['eval_loss']:.4f}, forgetting {r['forgetting_pct']:+.1f}%)"
     flat = r.get("vs_flat") or {}
     if flat.get("flat_forgetting_pct_at_same_eval_loss") is not None:

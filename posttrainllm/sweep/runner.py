@@ -94,7 +94,7 @@ def _run_cell(spec: SweepSpec, cell: Cell, job: int, ident: dict) -> dict:
         return {"cell": cell.name, "failed": True, "exit_code": rc, "error": tail[0][:300], "log": str(log)}
     record = _record(cell, d, time.time() - t0, ident["fingerprint"], spec.command)
     write_record(d, CELL_RECORD, {**record, "settings": {"argv": ident["argv"], "inputs": ident["inputs"]}})
-    if spec.discard_weights and not spec.merges():  # with merges: once they are measured (_merges)
+    if spec.discard_weights and not spec.measures_merges():  # with merges: once they are measured (_merges)
         discard_weights(d)
     return record
 
@@ -169,10 +169,10 @@ def run(spec: SweepSpec, echo=print) -> dict:
             records[rec["cell"]] = rec
             ood = ", ".join(f"{k} {v:+.1f}%" for k, v in rec["ood_change_pct"].items() if v is not None)
             echo(f"[{n}/{len(todo)}] {rec['cell']}: eval loss {rec['eval_loss']:.4f}; {ood} ({rec['seconds']:.0f} s)")
-    if spec.merges():
+    if spec.measures_merges():
         merged = _merges(spec, [c for c in cells if c.name in records], records, failed, echo)
     ordered = [records[c.name] for c in cells if c.name in records]
-    if spec.merges():
+    if spec.measures_merges():
         ordered += merged
     summary = summarize(ordered)
     result = {
@@ -214,6 +214,8 @@ def _dry_run(spec: SweepSpec, cells: list[Cell], todo: list[Cell], echo) -> dict
             echo(f"{cell.name}: done")
     for merge in spec.merges():
         echo(f"every trained cell merged back toward the base at α {merge.alpha:g} (γ {merge.gamma:g})")
+    if spec.budget_points:
+        echo(f"every trained cell merged back to its largest α within --max-forgetting {spec.max_forgetting:g}%")
     return {"dry_run": True, "cells": [c.name for c in cells], "to_run": [c.name for c in todo], "failed": []}
 
 
@@ -221,7 +223,8 @@ def _merges(spec: SweepSpec, cells: list[Cell], records: dict, failed: list, ech
     """Every finished cell's merges (posttrainllm/sweep/merges.py), spec.jobs at a time; their records."""
     from posttrainllm.sweep.merges import run_merges
 
-    echo(f"sweep: merges {', '.join(m.label for m in spec.merges())} of {len(cells)} cells")
+    labels = [m.label for m in spec.merges()] + ([f"budget ≤{spec.max_forgetting:g}%"] if spec.budget_points else [])
+    echo(f"sweep: merges {', '.join(labels)} of {len(cells)} cells")
     out: list[dict] = []
     with ThreadPoolExecutor(max_workers=spec.jobs) as pool:
         futures = [

@@ -115,32 +115,45 @@ def probe_after(s: Setup, model, texts: list[str], precision: str) -> dict | Non
         return probe.measure(model, reference, s.tokenizer, texts, probe.probe_length(reference))
 
 
-def meet_budget(s: Setup, trainer, metrics: dict, before: dict, after: dict, precision: str, run_dir, sizes):
-    """--max-forgetting: (the budget record, the output's held-out results, the output's file sizes). The largest
+def meet_budget(s: Setup, trainer, metrics: dict, measures: dict, precision: str, run_dir, sizes):
+    """--max-forgetting: (the budget record, the output's forgetting results, the output's file sizes). The largest
     uniform merge toward the starting model within the budget (merging/budget.py) becomes the run's output; the
-    trained model is kept in OUT/unmerged/. Its in-domain eval loss at α gives the share of the gain it keeps."""
-    from posttrainllm.evaluate import forgetting_report
-    from posttrainllm.evaluate.precision import scoring_autocast
+    trained model is kept in OUT/unmerged/. Its in-domain eval loss at α gives the share of the gain it keeps.
+    `measures`: {"before", "after"} (the --ood-eval results: the mean perplexity change) or {"probe", "probed"}
+    (the probe's texts and its result: without --ood-eval the budget is on the perplexity change of the starting
+    model's own samples, exp(KL) - 1, merging/budget.probe_change)."""
     from posttrainllm.merging import budget as B
 
     cfg = s.cfg
-    at_one = B.mean_change(forgetting_report(before, after))
+    held = "before" in measures
+    loaded: list = []
+
+    def base():  # the starting model, loaded as the run loaded it, once a merge (or the probe) needs it
+        if not loaded:
+            loaded.append(kl_reference(cfg, s.model_path, precision))
+        return loaded[0]
+
+    result, change = _gauge(s, trainer.model, measures, base, precision)
     merge = None
 
     def measure(alpha: float):
         nonlocal merge
-        if merge is None:  # the starting model, loaded as the run loaded it, only when a merge is measured
-            merge = B.Interpolation(trainer.model, kl_reference(cfg, s.model_path, precision))
+        if merge is None:
+            merge = B.Interpolation(trainer.model, base())
         merge.set(alpha)
-        with scoring_autocast(precision):
-            return B.mean_change(forgetting_report(before, ood_eval(trainer.model, s.tokenizer, cfg)))
+        return change(result())
 
+    at_one = change(measures["after"] if held else measures["probed"])
     found = B.search(measure, cfg.max_forgetting, at_one=at_one)
-    record = {"max_forgetting_pct": cfg.max_forgetting, **found, "unmerged_dir": None, "kept_gain": None}
+    record = {"max_forgetting_pct": cfg.max_forgetting, "measure": B.HELD_OUT if held else B.PROBE, **found,
+        "unmerged_dir": None, "kept_gain": None}  # fmt: skip
+    if not held:
+        record["max_probe_kl"] = B.probe_kl_budget(cfg.max_forgetting)
+    kept = measures["after"] if held else measures["probed"]
     if found["alpha"] == 1.0 or found["only_base"]:
         if merge is not None:
             merge.set(1.0)
-        return record, after, sizes
+        return record, kept, sizes
     merge.set(1.0)
     unmerged = Path(cfg.output_dir) / B.UNMERGED
     run_dir.own([B.UNMERGED])
@@ -154,7 +167,31 @@ def meet_budget(s: Setup, trainer, metrics: dict, before: dict, after: dict, pre
     sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
     record.update(unmerged_dir=str(unmerged), eval_loss=losses.get(found["alpha"]))
     record["kept_gain"] = B.kept_gain(losses.get(0.0), metrics.get("eval_loss"), losses.get(found["alpha"]))
-    return record, ood_after(s, trainer.model, precision), sizes
+    final = ood_after(s, trainer.model, precision) if held else result()
+    return record, final, sizes
+
+
+def _gauge(s: Setup, model, measures: dict, base, precision: str):
+    """(result, change): the budget's measurement of `model` as it is now (the --ood-eval results, or the probe's),
+    and the change (%) it gives."""
+    from posttrainllm.evaluate import forgetting_report, probe
+    from posttrainllm.evaluate.precision import scoring_autocast
+    from posttrainllm.merging import budget as B
+
+    if "before" in measures:
+
+        def held_out():
+            with scoring_autocast(precision):
+                return ood_eval(model, s.tokenizer, s.cfg)
+
+        return held_out, lambda after: B.mean_change(forgetting_report(measures["before"], after))
+
+    def probed():
+        reference = base()
+        with scoring_autocast(precision):
+            return probe.measure(model, reference, s.tokenizer, measures["probe"], probe.probe_length(reference))
+
+    return probed, B.probe_change
 
 
 def _eval_loss(trainer) -> float | None:

@@ -81,9 +81,10 @@ def test_a_trained_model_within_the_budget_is_kept_as_it_is(tiny_model_dir, text
     assert budget["alpha"] == 1.0 and len(budget["tried"]) == 1 and not (out / "unmerged").exists()
 
 
-def test_max_forgetting_needs_ood_eval_and_no_lora(tiny_model_dir, text_file, tmp_path):
-    r = CliRunner().invoke(app, run_args("finetune", tiny_model_dir, text_file, tmp_path / "o", max_forgetting="2"))
-    assert r.exit_code == 2 and "--max-forgetting needs --ood-eval" in r.output
+def test_max_forgetting_needs_ood_eval_or_the_probe_and_no_lora(tiny_model_dir, text_file, tmp_path):
+    r = CliRunner().invoke(app, run_args("finetune", tiny_model_dir, text_file, tmp_path / "o", max_forgetting="2",
+        forgetting_probe="0"))  # fmt: skip
+    assert r.exit_code == 2 and "--max-forgetting needs --ood-eval" in r.output and "--forgetting-probe" in r.output
     r = CliRunner().invoke(app, run_args("finetune", tiny_model_dir, text_file, tmp_path / "o", max_forgetting="2",
         ood_eval=text_file, lora_r="4"))  # fmt: skip
     assert r.exit_code == 2 and "posttrainllm merge --max-forgetting" in r.output
@@ -117,3 +118,36 @@ def test_max_forgetting_under_several_processes_points_at_merge(tiny_model_dir, 
         ood_eval=text_file))  # fmt: skip
     assert r.exit_code == 2 and "posttrainllm merge --max-forgetting" in r.output and "one process" in r.output
     assert not (tmp_path / "o").exists()
+
+
+def _probe_kl(model_dir, base_dir, texts) -> float:
+    """The probe's KL(start ‖ model) on `texts`, measured afresh from the saved models."""
+    from posttrainllm import models
+    from posttrainllm.evaluate import probe
+
+    tok = models.load_tokenizer(str(base_dir))
+    model = models.load_model(str(model_dir), precision="fp32").eval()
+    base = models.load_model(str(base_dir), precision="fp32").eval()
+    return probe.measure(model, base, tok, texts)["kl"]
+
+
+def test_without_ood_eval_the_budget_is_on_the_probe_as_a_kl_budget(tiny_model_dir, text_file, tmp_path):
+    import math
+
+    from posttrainllm.evaluate import probe
+
+    out = tmp_path / "o"
+    argv = run_args("finetune", tiny_model_dir, text_file, out, steps=12, batch=4, max_length=32, lr="1e-2",
+        max_forgetting="5", eval_split="0.1", precision="fp32")  # fmt: skip
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "eval_results.json").read_text())
+    budget = res["budget"]
+    assert budget["measure"] == "probe" and budget["max_probe_kl"] == pytest.approx(math.log1p(0.05))
+    assert 0 < budget["alpha"] < 1 and budget["tried"][0]["ppl_change_pct"] > 5
+    texts = [json.loads(line)["text"] for line in (out / probe.PROBE_FILE).read_text().splitlines()[1:]]
+    unmerged_kl = _probe_kl(out / "unmerged", tiny_model_dir, texts)
+    assert 100 * math.expm1(unmerged_kl) == pytest.approx(budget["tried"][0]["ppl_change_pct"], rel=1e-4)
+    kl = _probe_kl(out, tiny_model_dir, texts)  # the output, measured again: within the KL budget
+    assert kl <= math.log1p(0.05) + 1e-6 and res["probe"]["kl"] == pytest.approx(kl, rel=1e-4, abs=1e-7)
+    assert "own samples" in " ".join(r.output.split()) and "own samples" in (out / "README.md").read_text()

@@ -360,3 +360,29 @@ def test_merges_of_a_cell_recorded_by_an_older_sweep_count_the_newer_axes_as_off
     (rec,) = _records(results, Cell(0.9, 1e-3, 0.0, 0), old, 1.0)
     assert (rec["kl_to_base"], rec["self_replay"], rec["merge"]) == (0, 0, "merge-a0.5")
     assert rec["ood_kl"] == {"o": 0.1} and rec["eval_loss"] == 2.5
+
+
+def test_sweep_max_forgetting_puts_each_cells_budgeted_merge_on_the_frontier(tiny_model_dir, alpaca_file, tmp_path):
+    ood_file = tmp_path / "held.txt"
+    ood_file.write_text("@%&*" * 400)  # symbols the instructions never show: training on them forgets here
+    out = tmp_path / "sweep"
+    args = ["sweep", *run_args("sft", tiny_model_dir, alpaca_file, out, steps=6, batch=4, max_length=128, lr="1e-2",
+        eval_dataset=alpaca_file, ood_eval=ood_file, max_forgetting="1", precision="fp32")]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    result = json.loads((out / "results.json").read_text())
+    assert not result["failed"]
+    methods = {row["method"]: row for row in result["summary"]}
+    assert set(methods) == {"flat", "budget ≤1% of flat"}
+    flat, budgeted = methods["flat"], methods["budget ≤1% of flat"]
+    assert flat["forgetting_pct"] > 1  # the trained cell forgets more than the budget
+    assert budgeted["forgetting_pct"] <= 1 and 0 < budgeted["budget_alphas"][0] < 1
+    record = json.loads(next((out / "merges").glob("*-budget/merge_results.json")).read_text())
+    assert record["budget"]["alpha"] == budgeted["budget_alphas"][0]
+    assert budgeted["eval_loss"] >= flat["eval_loss"] - 1e-6  # a merge toward the base keeps part of the gain
+    assert result["recommendation"]["best"]["merge"] == "budget"  # the only point within the budget
+    assert "merge --max-forgetting" in (out / "results.md").read_text()
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "merges").rglob("*.json")}
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "1 already done, 0 to run" in again.output, again.output
+    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "merges").rglob("*.json")}

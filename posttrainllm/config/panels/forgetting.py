@@ -56,9 +56,11 @@ FORGETTING: tuple[Opt, ...] = (
         "toward the starting model (α in [0, 1], found by bisection to 1/128) whose mean --ood-eval perplexity "
         "change is at most PCT; the trained model is kept in OUT/unmerged/, and the α, every α tried and the share "
         "of the in-domain gain kept go to eval_results.json and the model card. α = 1 when the trained model "
-        "meets it. Exit code 3 when only the starting model meets it (for CI gates). Needs --ood-eval; not with "
-        "--lora-r (merge the adapter with posttrainllm merge --max-forgetting). merge: the α of its one merged "
-        "model, in place of --alpha.",
+        "meets it. Exit code 3 when only the starting model meets it (for CI gates). Without --ood-eval, the "
+        "budget is on the forgetting probe: the perplexity change of the starting model's own samples, "
+        "100 (exp(KL) - 1), i.e. KL(start ‖ tuned) ≤ ln(1 + PCT/100) per token. Not with --lora-r (merge the "
+        "adapter with posttrainllm merge --max-forgetting). merge: the α of its one merged model, in place of "
+        "--alpha (there --ood-eval is needed).",
         commands=(*LANGUAGE_MODELS, "merge"),
         check=non_negative,
         metavar="PCT",
