@@ -36,12 +36,15 @@ grep -q "^alpaca-sft-llrd " recipes.txt
 # write into a finished output.
 "$posttrainllm" demo --quick --output-dir demo > demo.txt
 cat demo.txt
-grep -q "flat vs layer-wise LR decay" demo.txt
+grep -q "flat, layer decay, replay and a forgetting budget" demo.txt
 "$work/venv/bin/python" - <<'PY'
-import json
+import json, os
 rows = json.load(open("demo/demo_results.json"))
-assert len(rows) == 2, rows
+assert len(rows) == 4, rows
 assert all(r["eval_loss"] > 0 and r["before"] > 0 and r["after"] > 0 for r in rows.values()), rows
+budgeted = next(r for label, r in rows.items() if label.startswith("★ budget ≤20%"))
+assert budgeted["change_pct"] <= 20 + 1e-6 < rows["flat (γ=1.0)"]["change_pct"], rows
+assert 0 < budgeted["alpha"] < 1 and os.path.isfile("demo/sft-flat/unmerged/model.safetensors"), rows
 PY
 if "$posttrainllm" demo --quick --output-dir demo 2> again.txt; then echo "a second demo into demo/ was not refused"; exit 1; fi
 grep -q -- "--overwrite" again.txt

@@ -3,9 +3,11 @@
 1. data the project makes itself: Python standard-library sources of the running interpreter (pre-training
    text and a held-out set of other modules) and a generated instruction set (posttrainllm.demo_data);
 2. `pretrain` a tiny llama-style model on the stdlib text;
-3. `sft` it on the instructions twice, flat and with `--llrd`, each measuring the held-out code perplexity
-   before and after (`--ood-eval`);
-4. a comparison table: in-domain validation loss and out-of-domain perplexity change.
+3. `sft` it on the instructions three times, each measuring the held-out code perplexity before and after
+   (`--ood-eval`): flat with a forgetting budget (`--max-forgetting`: its output is the budgeted merge, the trained
+   model is kept in sft-flat/unmerged/), with layer decay (`--llrd`), and with 5% replay of the pre-training text;
+4. the frontier table: in-domain validation loss and out-of-domain perplexity change of the trained flat model,
+   layer decay, replay and the budgeted point (marked ★).
 Every stage runs through the same code path as the CLI commands (config.resolve → run.*).
 """
 
@@ -19,15 +21,20 @@ from rich.table import Table
 
 from posttrainllm import banner
 from posttrainllm.config import resolve
-from posttrainllm.errors import UsageError
+from posttrainllm.errors import BudgetNotMet, UsageError
 from posttrainllm.rundir.layout import write_json
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
 
 DEMO_GAMMA = 0.8
-TABLE_TITLE = "demo: flat vs layer-wise LR decay (same base, data, steps and LR)"
-DEMO_ENTRIES = ("data", "base", "sft-flat", f"sft-llrd-{DEMO_GAMMA}", "demo_results.json")  # what the demo writes
+DEMO_REPLAY = 0.05  # the replay share that forgot least on the real model (docs/results.md)
+DEMO_BUDGET = 20.0  # --max-forgetting of the flat run, in percent
+TABLE_TITLE = "demo: flat, layer decay, replay and a forgetting budget (same base, data, steps and LR)"
+BUDGET_MARK = "★"
+RUNS = {"sft-flat": {"llrd": "1.0"}, f"sft-llrd-{DEMO_GAMMA}": {"llrd": str(DEMO_GAMMA)},
+        f"sft-replay-{DEMO_REPLAY}": {"replay_ratio": str(DEMO_REPLAY)}}  # fmt: skip
+DEMO_ENTRIES = ("data", "base", *RUNS, "demo_results.json")  # what the demo writes
 
 
 def _stage(command: str, values: dict) -> None:
@@ -57,10 +64,15 @@ def _check_demo_dir(out: Path, label: str, overwrite: bool) -> None:
 
 
 def results_table(summary: dict) -> Table:
-    """The comparison table of the demo's runs (`summary`: label -> eval_loss, before, after, change_pct)."""
-    t = Table(title=TABLE_TITLE, title_justify="left")
+    """The frontier table of the demo's runs (`summary`: label -> eval_loss, before, after, change_pct; a label
+    that starts with BUDGET_MARK is the budgeted point, explained in the caption)."""
+    caption = (
+        f"{BUDGET_MARK} the flat run's own output: with --max-forgetting {DEMO_BUDGET:g} it merged itself back toward "
+        "the base (to the α shown) until the held-out change was within the budget; the flat row is its trained model."
+    )
+    t = Table(title=TABLE_TITLE, title_justify="left", caption=caption, caption_justify="left")
     for col in ("run", "val loss (instructions)", "held-out code PPL before", "after", "change"):
-        t.add_column(col, justify="left" if col == "run" else "right")
+        t.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for label, r in summary.items():
         t.add_row(label, f"{r['eval_loss']:.4f}", f"{r['before']:.2f}", f"{r['after']:.2f}", f"{r['change_pct']:+.1f}%")
     return t
@@ -75,6 +87,28 @@ def render_table(summary: dict) -> str:
     console = Console(file=io.StringIO(), width=100, markup=False, highlight=False, color_system=None)
     console.print(results_table(summary))
     return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())
+
+
+def collect(out: Path) -> dict:
+    """The table's rows from the runs' eval_results.json: the flat run's trained model (its budget record keeps
+    the unmerged model's held-out results), layer decay, replay, then the flat run's budgeted output."""
+
+    def row(eval_loss, ood: dict) -> dict:
+        return {"eval_loss": eval_loss, **next(iter(ood.values()))}
+
+    flat = json.loads((out / "sft-flat" / "eval_results.json").read_text())
+    budget = flat["budget"]
+    summary = {"flat (γ=1.0)": row(flat["train"].get("eval_loss"), budget.get("unmerged_results") or flat["ood"])}
+    for label, name in ((f"LLRD (γ={DEMO_GAMMA})", f"sft-llrd-{DEMO_GAMMA}"),
+                        (f"replay {100 * DEMO_REPLAY:g}% (γ=1.0)", f"sft-replay-{DEMO_REPLAY}")):  # fmt: skip
+        res = json.loads((out / name / "eval_results.json").read_text())
+        summary[label] = row(res["train"].get("eval_loss"), res["ood"])
+    if budget["only_base"]:
+        return summary
+    eval_loss = budget.get("eval_loss") if budget["alpha"] < 1 else flat["train"].get("eval_loss")
+    label = f"{BUDGET_MARK} budget ≤{DEMO_BUDGET:g}% (α={budget['alpha']:.2f})"
+    summary[label] = {**row(eval_loss, flat["ood"]), "alpha": budget["alpha"]}
+    return summary
 
 
 def environment(quick: bool) -> dict:
@@ -122,30 +156,20 @@ def run_demo(cfg: RunConfig) -> None:
             "lr_scheduler": "cosine",
         },
     )
-    runs = {"flat (γ=1.0)": "1.0", f"LLRD (γ={DEMO_GAMMA})": str(DEMO_GAMMA)}
-    for gamma in runs.values():
-        name = "sft-flat" if gamma == "1.0" else f"sft-llrd-{gamma}"
-        _stage(
-            "sft",
-            {
-                **common,
-                "model": str(out / "base"),
-                "dataset": str(files["instructions"]),
-                "eval_dataset": str(files["instructions_eval"]),
-                "output_dir": str(out / name),
-                "ood_eval": [str(files["heldout_code"])],
-                "llrd": gamma,
-                "lr": "1e-3",
-                "max_steps": "60" if quick else "150",
-                "batch_size": "16",
-            },
-        )
-    summary = {}
-    for label, gamma in runs.items():
-        name = "sft-flat" if gamma == "1.0" else f"sft-llrd-{gamma}"
-        res = json.loads((out / name / "eval_results.json").read_text())
-        ood = next(iter(res["ood"].values()))
-        summary[label] = {"eval_loss": res["train"].get("eval_loss"), **ood}
+    for name, extra in RUNS.items():
+        values = {**common, "model": str(out / "base"), "dataset": str(files["instructions"]),
+            "eval_dataset": str(files["instructions_eval"]), "output_dir": str(out / name),
+            "ood_eval": [str(files["heldout_code"])], "lr": "1e-3", "max_steps": "60" if quick else "150",
+            "batch_size": "16", **extra}  # fmt: skip
+        if "replay_ratio" in extra:
+            values["replay_dataset"] = str(files["pretrain"])
+        if name == "sft-flat":
+            values["max_forgetting"] = str(DEMO_BUDGET)
+        try:
+            _stage("sft", values)
+        except BudgetNotMet:  # only the base is within the budget: the table then has no budgeted row
+            pass
+    summary = collect(out)
     write_json(out / "demo_results.json", summary)
     print(render_table(summary))
     env = environment(quick)
@@ -154,8 +178,8 @@ def run_demo(cfg: RunConfig) -> None:
         f"{', --quick' if quick else ''}: the numbers depend on these)"
     )
     banner.console.print(
-        "At the same base LR, layer decay trades a little in-domain progress "
-        "for much less drift of what the base knew. "
-        "docs/results.md compares it with simply lowering the LR (at equal in-domain loss it still forgets less) and "
-        f"with replay (--replay-dataset), which brings forgetting near zero. Results: {out / 'demo_results.json'}"
+        "On this toy run layer decay and replay forget less than flat at the same LR, and --max-forgetting meets "
+        "its bound by itself. On a real model (SmolLM2-135M, docs/results.md), compared at equal in-domain loss, "
+        "replay and self-replay forgot least, then merging back toward the base; layer decay was not among the "
+        f"winners. Results: {out / 'demo_results.json'}"
     )

@@ -122,6 +122,7 @@ def meet_budget(s: Setup, trainer, metrics: dict, measures: dict, precision: str
     `measures`: {"before", "after"} (the --ood-eval results: the mean perplexity change) or {"probe", "probed"}
     (the probe's texts and its result: without --ood-eval the budget is on the perplexity change of the starting
     model's own samples, exp(KL) - 1, merging/budget.probe_change)."""
+    from posttrainllm.evaluate import forgetting_report
     from posttrainllm.merging import budget as B
 
     cfg = s.cfg
@@ -166,6 +167,7 @@ def meet_budget(s: Setup, trainer, metrics: dict, measures: dict, precision: str
     merge.set(found["alpha"])
     sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
     record.update(unmerged_dir=str(unmerged), eval_loss=losses.get(found["alpha"]))
+    record["unmerged_results"] = forgetting_report(measures["before"], kept) if held else kept  # the trained model's
     record["kept_gain"] = B.kept_gain(losses.get(0.0), metrics.get("eval_loss"), losses.get(found["alpha"]))
     final = ood_after(s, trainer.model, precision) if held else result()
     return record, final, sizes

@@ -27,11 +27,14 @@ def test_demo_quick_runs_offline(tmp_path):
         timeout=900,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "flat vs layer-wise LR decay" in r.stdout
+    assert "flat, layer decay, replay and a forgetting budget" in r.stdout
     results = json.loads((out / "demo_results.json").read_text())
-    assert len(results) == 2
+    assert len(results) == 4
     for row in results.values():
         assert row["eval_loss"] > 0 and row["before"] > 0 and row["after"] > 0
+    budgeted = next(row for label, row in results.items() if label.startswith("★ budget ≤20%"))
+    assert budgeted["change_pct"] <= 20 + 1e-6 < results["flat (γ=1.0)"]["change_pct"]  # the quick flat run forgets
+    assert 0 < budgeted["alpha"] < 1 and (out / "sft-flat" / "unmerged" / "model.safetensors").is_file()
     again = subprocess.run(
         [sys.executable, "-m", "posttrainllm", "demo", "--quick", "--output-dir", str(out)],
         capture_output=True,
@@ -68,9 +71,13 @@ def test_the_readme_quotes_the_recorded_demo_run():
 def test_the_demo_prints_its_table_as_render_table_does(tmp_path):
     from posttrainllm import demo
 
-    runs = {"flat (γ=1.0)": {"eval_loss": 1.5, "before": 100.0, "after": 150.0, "change_pct": 50.0}}
+    runs = {
+        "flat (γ=1.0)": {"eval_loss": 1.5, "before": 100.0, "after": 150.0, "change_pct": 50.0},
+        "★ budget ≤20% (α=0.25)": {"eval_loss": 1.9, "before": 100.0, "after": 112.0, "change_pct": 12.0},
+    }
     text = demo.render_table(runs)
     assert "flat (γ=1.0)" in text and "+50.0%" in text and demo.TABLE_TITLE in text
+    assert "★ budget ≤20% (α=0.25)" in text and "+12.0%" in text and "--max-forgetting 20" in text
     assert all(line == line.rstrip() for line in text.splitlines())
 
 

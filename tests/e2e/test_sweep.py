@@ -386,3 +386,17 @@ def test_sweep_max_forgetting_puts_each_cells_budgeted_merge_on_the_frontier(tin
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "1 already done, 0 to run" in again.output, again.output
     assert stamps == {p: p.stat().st_mtime_ns for p in (out / "merges").rglob("*.json")}
+
+
+def test_sdft_and_dft_cells_appear_on_the_frontier_labelled_by_method(tiny_model_dir, alpaca_file, ood_file, tmp_path):
+    for command, extra, method in (("sdft", ["--max-completion-length", "8"], "SDFT flat"),
+                                   ("sft", ["--loss-type", "nll,dft", "--max-length", "128"], "DFT flat")):  # fmt: skip
+        out = tmp_path / command
+        args = ["sweep", *run_args(command, tiny_model_dir, alpaca_file, out, *extra, steps=2, batch=4, lr="1e-3",
+            max_length=None, eval_split="0.25", ood_eval=ood_file)]  # fmt: skip
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        result = json.loads((out / "results.json").read_text())
+        methods = {row["method"] for row in result["summary"]}
+        assert method in methods and not result["failed"]
+        assert method in (out / "results.md").read_text()
