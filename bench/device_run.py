@@ -8,9 +8,12 @@ Two parts, each under its own time limit, so that a part that fails or runs out 
 
 1. **Performance** (bench/throughput.py): `posttrainllm sft` flat, `--llrd 0.9` and `--packing` against a bare TRL
    `SFTTrainer`, on a llama-shaped model of about 0.5B parameters built from a config (hidden 1536, 16 blocks,
-   vocab 2048 from the benchmark's BPE tokenizer), bf16, sequence length 1024. Reported: tokens/s, MFU (6·N FLOPs
-   per token over the GPU's dense bf16 peak, `--peak-tflops`), peak GPU memory, and the ratios (the layer-decay
-   optimizer's cost is the llrd/flat ratio).
+   vocab 2048 from the benchmark's BPE tokenizer), bf16, sequence length 1024. Then the **Gemma-sized case**: a
+   Gemma-3-shaped model at Gemma-3-270M's size (hidden 640, 18 blocks, sliding-window layers, a tied 262,144-row
+   embedding: the LM head is the step's largest tensor), sft at its default (padding-free where exact) against the
+   padded batch (`--no-padding-free`) and the bare TRL script. Reported: tokens/s, MFU (6·N FLOPs per token over the
+   GPU's dense bf16 peak, `--peak-tflops`), peak GPU memory, and the ratios (the layer-decay optimizer's cost is the
+   llrd/flat ratio; padding-free's gain is flat/padded).
 2. **Evidence**: a base pre-trained here on the shared text (Tiny Shakespeare and the training half of the stdlib
    code) for a few minutes, at a width the CPU cannot reach, then one `posttrainllm sweep sft` on Alpaca: flat at
    three LRs, layer decay, the KL anchor and merges back toward the base (uniform and depth-scaled), every point
@@ -36,12 +39,14 @@ sys.path.insert(0, str(ROOT / "studies"))
 # (real, dry-run) sizes and limits
 SIZES = {
     "real": dict(
-        hidden=1536, blocks=16, batch=8, length=1024, steps=30, reps=2, precision="bf16", perf_timeout=270,
+        hidden=1536, blocks=16, batch=8, length=1024, steps=30, reps=2, precision="bf16", perf_timeout=150,
+        gemma_hidden=640, gemma_blocks=18, gemma_vocab=262_144, gemma_batch=8, gemma_steps=20, gemma_timeout=110,
         pre_hidden=768, pre_blocks=12, pre_steps=1500, pre_batch=32, sft_steps=150, lrs="3e-5,1e-4,3e-4",
-        gammas="1.0,0.9", kls="0,0.1", merge_gammas="1.0,0.9", study_timeout=270, chars=400_000,
+        gammas="1.0,0.9", kls="0,0.1", merge_gammas="1.0,0.9", study_timeout=210, chars=400_000,
     ),
     "dry": dict(
         hidden=64, blocks=2, batch=2, length=64, steps=2, reps=1, precision="fp32", perf_timeout=300,
+        gemma_hidden=64, gemma_blocks=2, gemma_vocab=4096, gemma_batch=2, gemma_steps=2, gemma_timeout=300,
         pre_hidden=32, pre_blocks=2, pre_steps=4, pre_batch=4, sft_steps=2, lrs="3e-3", gammas="1.0",
         kls="0,0.1", merge_gammas="1.0", study_timeout=400, chars=20_000,
     ),
@@ -63,16 +68,21 @@ def run(cmd: list[str], log: Path, timeout: int, env: dict | None = None) -> dic
     return {"rc": rc, "seconds": round(time.time() - t0, 1), "log": str(log), "tail": tail}
 
 
-def performance(out: Path, s: dict, env: dict, peak_tflops: float) -> dict:
-    dest = out / "throughput.json"
+def performance(out: Path, s: dict, env: dict, peak_tflops: float, gemma: bool = False) -> dict:
+    """One throughput.py run: the llama-shaped case, or (`gemma`) the Gemma-sized one with the padded contender."""
+    name = "gemma" if gemma else "throughput"
+    dest = out / f"{name}.json"
+    g = "gemma_" if gemma else ""
     cmd = [
         sys.executable, str(ROOT / "bench" / "throughput.py"), "--json", "--precision", s["precision"],
-        "--hidden", str(s["hidden"]), "--blocks", str(s["blocks"]), "--batch-size", str(s["batch"]),
-        "--max-length", str(s["length"]), "--steps", str(s["steps"]), "--reps", str(s["reps"]),
-        "--rows", str(max(64, s["batch"] * s["steps"])), "--kinds", "llrd,flat,packed,trl",
-        "--threads", "0",
+        "--hidden", str(s[f"{g}hidden"]), "--blocks", str(s[f"{g}blocks"]), "--batch-size", str(s[f"{g}batch"]),
+        "--max-length", str(s["length"]), "--steps", str(s[f"{g}steps"]), "--reps", str(s["reps"]),
+        "--rows", str(max(64, s[f"{g}batch"] * s[f"{g}steps"])), "--threads", "0",
+        "--kinds", "flat,padded,trl" if gemma else "llrd,flat,packed,trl",
     ]  # fmt: skip
-    status = run(cmd + ["--out-json", str(dest)], out / "throughput.log", s["perf_timeout"], env)
+    if gemma:
+        cmd += ["--arch", "gemma3", "--model-vocab", str(s["gemma_vocab"])]
+    status = run(cmd + ["--out-json", str(dest)], out / f"{name}.log", s[f"{g}timeout"], env)
     if not dest.is_file():
         return {"status": status}
     res = json.loads(dest.read_text())
@@ -139,19 +149,27 @@ def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [f"# Device run ({result['mode']})", "", f"machine: {result['machine']}", ""]
-    perf = result.get("performance") or {}
-    if perf.get("rows"):
-        lines += [f"## Performance ({perf['params'] / 1e6:.0f}M parameters)", ""]
-        lines += ["| contender | tokens/s | MFU | peak memory (GB) |", "|---|---|---|---|"]
-        for kind, r in perf["rows"].items():
-            mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
-            lines.append(f"| {kind} | {r['tokens_per_s'] or 0:.0f} | {mfu} | {mem} |")
-        lines += [""] + [f"- {k}: tokens/s {v['tokens_per_s']['median']:.3f}" for k, v in perf["ratios"].items()]
-    else:
-        lines += ["## Performance: no result", "", f"```\n{json.dumps(perf.get('status'), indent=1)}\n```"]
-    ev = result.get("evidence") or {}
-    lines += ["", "## Evidence", ""]
+    for key, what in (("performance", "llama-shaped"), ("performance_gemma", "Gemma-3-shaped, 262k vocabulary")):
+        lines += _perf_lines(result.get(key) or {}, what)
+    lines += _evidence_lines(result.get("evidence") or {})
+    return "\n".join(lines) + "\n"
+
+
+def _perf_lines(perf: dict, what: str) -> list[str]:
+    if not perf.get("rows"):
+        return [f"## Performance, {what}: no result", "", f"```\n{json.dumps(perf.get('status'), indent=1)}\n```", ""]
+    lines = [f"## Performance, {what} ({perf['params'] / 1e6:.0f}M parameters)", ""]
+    lines += ["| contender | tokens/s | MFU | peak memory (GB) |", "|---|---|---|---|"]
+    for kind, r in perf["rows"].items():
+        mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
+        lines.append(f"| {kind} | {r['tokens_per_s'] or 0:.0f} | {mfu} | {mem} |")
+    ratios = [f"- {k}: tokens/s {v['tokens_per_s']['median']:.3f}" for k, v in perf["ratios"].items()]
+    return [*lines, "", *ratios, ""]
+
+
+def _evidence_lines(ev: dict) -> list[str]:
+    lines = ["## Evidence", ""]
     if ev.get("summary"):
         lines += ["| method | LR | eval loss | forgetting % |", "|---|---|---|---|"]
         for r in sorted(ev["summary"], key=lambda r: (r["method"], r["lr"])):
@@ -159,7 +177,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['method']} | {r['lr']:g} | {r['eval_loss']:.4f} | {f} |")
     else:
         lines += ["no result", "", f"```\n{json.dumps({k: v for k, v in ev.items() if k != 'summary'}, indent=1)}\n```"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:
@@ -186,6 +204,7 @@ def main() -> None:
     parts = a.parts.split(",")
     if "performance" in parts:
         result["performance"] = performance(a.out / "performance", s, env, a.peak_tflops)
+        result["performance_gemma"] = performance(a.out / "performance", s, env, a.peak_tflops, gemma=True)
     if "evidence" in parts:
         result["evidence"] = evidence(a.out / "evidence", s, env, a.shared)
     (a.out / "summary.json").write_text(json.dumps(result, indent=2, default=str))

@@ -167,7 +167,23 @@ def gen_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def setup(root: Path, n_rows: int, hidden: int, blocks: int, vocab: int) -> dict:
+def gemma3_config(hidden: int, blocks: int, vocab: int, model_vocab: int):
+    """A Gemma-3-shaped config: Gemma-3-270M's proportions (head dim 256, one KV head, every sixth block full
+    attention, the rest a 512-token sliding window, tied embeddings) at `hidden` × `blocks`, and an embedding of
+    `model_vocab` rows (262,144 for Gemma's: the LM head is the step's largest tensor) over a tokenizer of `vocab`."""
+    from transformers import Gemma3TextConfig
+
+    heads = max(1, hidden // 160)
+    return Gemma3TextConfig(
+        hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=blocks, num_attention_heads=heads,
+        num_key_value_heads=1, head_dim=256, vocab_size=max(model_vocab, vocab), max_position_embeddings=2048,
+        sliding_window=512, tie_word_embeddings=True,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(blocks)],
+    )  # fmt: skip
+
+
+def setup(root: Path, n_rows: int, hidden: int, blocks: int, vocab: int, arch: str = "llama",
+          model_vocab: int = 0) -> dict:  # fmt: skip
     import torch
     from common import llama_config
     from transformers import AutoModelForCausalLM
@@ -183,7 +199,10 @@ def setup(root: Path, n_rows: int, hidden: int, blocks: int, vocab: int) -> dict
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     texts = [" ".join(r.values()) for r in rows] + [ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT]
     tok = train_bpe_tokenizer(texts, vocab)
-    cfg = llama_config(hidden, blocks, vocab=len(tok), max_pos=1024)  # head dim 64, GQA 2:1
+    if arch == "gemma3":
+        cfg = gemma3_config(hidden, blocks, len(tok), model_vocab)
+    else:
+        cfg = llama_config(hidden, blocks, vocab=max(len(tok), model_vocab), max_pos=1024)  # head dim 64, GQA 2:1
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
@@ -196,6 +215,8 @@ def setup(root: Path, n_rows: int, hidden: int, blocks: int, vocab: int) -> dict
         "model_dir": str(model_dir),
         "rows": n_rows,
         "vocab": len(tok),
+        "model_vocab": cfg.vocab_size,
+        "arch": arch,
         "params": sum(p.numel() for p in model.parameters()),
         "hidden": hidden,
         "blocks": blocks,
@@ -266,6 +287,8 @@ def contender(
                 argv += ["--llrd", "0.9"]
             if kind == "packed":
                 argv += ["--packing"]
+            if kind == "padded":  # sft's default is padding-free where exact: this is the padded batch
+                argv += ["--no-padding-free"]
         wall, proc = run_cmd(argv, env=env)
         if kind == "trl":
             line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG))
@@ -316,7 +339,11 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS for every contender (0: unset)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir")
-    p.add_argument("--kinds", default="llrd,flat,trl", help="contenders: llrd, flat, packed (--packing), trl")
+    p.add_argument("--kinds", default="llrd,flat,trl",
+                   help="contenders: llrd, flat, packed (--packing), padded (--no-padding-free), trl")  # fmt: skip
+    p.add_argument("--arch", default="llama", choices=("llama", "gemma3"), help="the model's shape")
+    p.add_argument("--model-vocab", type=int, default=0,
+                   help="embedding rows when larger than the tokenizer's (262144: Gemma 3's LM head)")  # fmt: skip
     p.add_argument("--out-json", type=Path, default=None, help="also write the JSON result to this file")
     a = p.parse_args()
     reps = a.reps or (2 if a.quick else 4)
@@ -335,7 +362,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="posttrainllm-bench-"))
     try:
         log(f"setup in {root} ...")
-        info = setup(root, a.rows, a.hidden, a.blocks, a.vocab)
+        info = setup(root, a.rows, a.hidden, a.blocks, a.vocab, a.arch, a.model_vocab)
         counter = [0]
         names = a.kinds.split(",")
         runs = {
@@ -368,7 +395,8 @@ def main() -> None:
             for k in ("imports_s", "setup_s", "train_call_s", "save_s", "peak_memory_gb"):
                 if res[n][0].get(k) is not None:
                     result["median"][n][k] = median([r[k] for r in res[n]])
-        pairs = (("llrd", "flat"), ("flat", "trl"), ("llrd", "trl"), ("packed", "trl"), ("packed", "flat"))
+        pairs = (("llrd", "flat"), ("flat", "trl"), ("llrd", "trl"), ("packed", "trl"), ("packed", "flat"),
+                 ("flat", "padded"))  # fmt: skip
         for num, den in [(x, y) for x, y in pairs if x in names and y in names]:
             per = {}
             for k in ("samples_per_s", "tokens_per_s", "wall_s"):
@@ -386,8 +414,8 @@ def main() -> None:
         mach = result["machine"]
         lines = [
             f"SFT throughput, {steps} steps × batch {a.batch_size}, max length {a.max_length}, {a.precision}, "
-            f"OMP_NUM_THREADS={a.threads or 'unset'}; model llama hidden "
-            f"{a.hidden}, {a.blocks} blocks, vocab {info['vocab']} "
+            f"OMP_NUM_THREADS={a.threads or 'unset'}; model {a.arch} hidden "
+            f"{a.hidden}, {a.blocks} blocks, vocab {info['model_vocab']} "
             f"({fmt_count(info['params'])} params); {info['rows']} Alpaca rows "
             f"(median {info['tokens_per_row_median']} tokens); "
             f"median of {reps} rotated repetitions"

@@ -29,6 +29,10 @@ def test_the_device_script_dry_mode_runs_both_parts(tmp_path):
     assert set(perf["rows"]) == {"llrd", "flat", "packed", "trl"}
     assert all(row["tokens_per_s"] > 0 for row in perf["rows"].values())
     assert perf["rows"]["flat"]["peak_memory_gb"] > 0  # the run's own record of its peak
+    gemma = summary["performance_gemma"]  # the Gemma-shaped case: padding-free (sft's default) against padded
+    assert set(gemma["rows"]) == {"flat", "padded", "trl"} and "flat/padded" in gemma["ratios"]
+    assert all(row["tokens_per_s"] > 0 for row in gemma["rows"].values())
+    assert "Gemma-3-shaped" in (tmp_path / "out" / "summary.md").read_text()
     evidence = summary["evidence"]
     assert evidence.get("summary") is not None, {k: v for k, v in evidence.items() if k != "summary"}
     methods = {row["method"] for row in evidence["summary"]}
