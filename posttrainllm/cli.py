@@ -162,9 +162,18 @@ def _main_of(command: str) -> Callable[[Any], None]:
     def handler(cfg: RunConfig) -> None:
         import importlib
 
-        importlib.import_module(f"posttrainllm.commands.{command}").main(cfg)
+        main = importlib.import_module(f"posttrainllm.commands.{command}").main
+        if SPECS[command].runs_commands:  # the demo: it runs its stages through run_command
+            main(cfg, run_command)
+        else:
+            main(cfg)
 
     return handler
+
+
+def run_command(command: str, values: dict[str, Any]) -> None:
+    """Resolve `values` as `command`'s options and run the command, as its command line would (the demo's stages)."""
+    _main_of(command)(resolve(command, values))
 
 
 for _spec in SPECS.values():

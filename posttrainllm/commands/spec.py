@@ -50,6 +50,9 @@ class CommandSpec:
     checks: tuple[CrossCheck, ...] = ()  # the command's cross-checks, run with every option's value at once
     rows: Callable[[Any], dict[str, str | None]] | None = None  # cfg -> the command's own banner rows
     steps: Callable[[Any, int | None], str] | None = None  # (cfg, training rows) -> the banner's steps row
+    # main(cfg, run_command) runs other commands (the demo): the CLI hands it run_command(command, values), which
+    # resolves the values and calls that command's main, so the command needs no import of config/ or the registry
+    runs_commands: bool = False
 
     @property
     def trains(self) -> bool:

@@ -48,8 +48,8 @@ def test_prompts_file_writes_one_json_line_per_prompt(tiny_model_dir, tmp_path):
 def test_prompts_are_rendered_as_sft_trained_them(tiny_model_dir):
     from transformers import AutoTokenizer
 
+    from posttrainllm.commands.generate import render
     from posttrainllm.data import ALPACA_PROMPT_NO_INPUT, DEFAULT_CHAT_TEMPLATE
-    from posttrainllm.generate import render
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert render(tok, "Add 1 and 2.", "alpaca", None) == ALPACA_PROMPT_NO_INPUT.format(instruction="Add 1 and 2.")

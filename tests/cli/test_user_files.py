@@ -265,8 +265,8 @@ def test_a_bad_output_exits_2_before_the_model_loads(model_copy, prompts, tmp_pa
 
 
 def test_an_output_that_appears_while_generating_is_kept(tmp_path):
+    from posttrainllm.commands.generate import write_output
     from posttrainllm.errors import UsageError
-    from posttrainllm.generate import write_output
 
     out = tmp_path / "late.jsonl"
     out.write_text("theirs")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrainllm import demo_data
+from posttrainllm.commands import demo_data
 
 
 @pytest.mark.smoke
@@ -58,7 +58,7 @@ RECORD = REPO / "docs" / "demo_results.json"
 def test_the_readme_quotes_the_recorded_demo_run():
     """docs/demo_results.json is the last full `posttrainllm demo` (its demo_results.json plus what the numbers
     depend on); the README's table is that record rendered the way the demo prints it, and names its environment."""
-    from posttrainllm import demo
+    from posttrainllm.commands import demo
 
     record = json.loads(RECORD.read_text())
     readme = (REPO / "README.md").read_text(encoding="utf-8")
@@ -69,7 +69,7 @@ def test_the_readme_quotes_the_recorded_demo_run():
 
 
 def test_the_demo_prints_its_table_as_render_table_does(tmp_path):
-    from posttrainllm import demo
+    from posttrainllm.commands import demo
 
     runs = {
         "flat (γ=1.0)": {"eval_loss": 1.5, "before": 100.0, "after": 150.0, "change_pct": 50.0},

@@ -1,8 +1,11 @@
-"""The package's shape: no import cycles among its modules (imports inside functions included)."""
+"""The package's shape: no import cycles among its modules (imports inside functions included, and imports made by
+string: `importlib.import_module("posttrainllm.x")`, `import_module(f"posttrainllm.commands.{name}")` and
+"posttrainllm.x:attr" paths)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import posttrainllm
@@ -28,14 +31,42 @@ def _resolve(name: str, modules) -> str | None:
     return None
 
 
+# "posttrainllm.x.y:attr": an object named by import path (commands/spec.py's `load`), an import of posttrainllm.x.y
+_ATTR_PATH = re.compile(r"(posttrainllm(?:\.\w+)*):\w+(?:\.\w+)*")
+
+
+def _string_imports(node: ast.AST) -> list[str]:
+    """The modules `node` imports by string: `import_module("posttrainllm.x")` (any callee named import_module), an
+    f-string's literal prefix (`import_module(f"posttrainllm.commands.{name}")`: the package it names,
+    posttrainllm.commands), or a "posttrainllm.x:attr" string constant."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        m = _ATTR_PATH.fullmatch(node.value)
+        return [m.group(1)] if m else []
+    if not isinstance(node, ast.Call) or not node.args:
+        return []
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name != "import_module":
+        return []
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr) and arg.values:
+        first = arg.values[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and "." in first.value:
+            return [first.value.rpartition(".")[0]]  # "posttrainllm.commands.{x}" -> posttrainllm.commands
+    return []
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> the project modules it imports anywhere in its body (functions, classes, TYPE_CHECKING blocks too)."""
+    """module -> the project modules it imports anywhere in its body (functions, classes, TYPE_CHECKING blocks too),
+    by statement or by string (`_string_imports`)."""
     modules = _modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
+            targets: list[str] = _string_imports(node)
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -100,6 +131,19 @@ def test_the_import_graph_finder_sees_imports_inside_functions(tmp_path):
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_finder_sees_imports_made_by_string():
+    def found(code: str) -> list[str]:
+        return [t for n in ast.walk(ast.parse(code)) for t in _string_imports(n)]
+
+    assert found('importlib.import_module("posttrainllm.demo")') == ["posttrainllm.demo"]
+    assert found('from importlib import import_module\nimport_module("posttrainllm.x.y")') == ["posttrainllm.x.y"]
+    assert found('importlib.import_module(f"posttrainllm.commands.{c}")') == ["posttrainllm.commands"]
+    assert found('TRAINER = "posttrainllm.training.trainers:Sft"') == ["posttrainllm.training.trainers"]
+    assert found('x = "trl:SFTTrainer"; y = "posttrainllm.models"; importlib.import_module(name)') == []
+    modules = _modules()
+    assert _resolve("posttrainllm.commands", modules) == "posttrainllm.commands"
 
 
 def test_no_import_cycles_among_project_modules():

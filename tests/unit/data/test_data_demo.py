@@ -1,11 +1,11 @@
-"""posttrainllm.demo_data: the demo's generated instruction set and standard-library corpus."""
+"""posttrainllm.commands.demo_data: the demo's generated instruction set and standard-library corpus."""
 
 from __future__ import annotations
 
 import re
 
 from posttrainllm import data as D
-from posttrainllm import demo_data
+from posttrainllm.commands import demo_data
 
 # ---------------------------------------------------------------------------------------------------------------
 # Demo data

@@ -26,7 +26,7 @@ from posttrainllm.errors import DataError, PosttrainError, UsageError
 
 def test_import_is_cheap():
     code = (
-        "import sys, posttrainllm.data, posttrainllm.demo_data;"
+        "import sys, posttrainllm.data, posttrainllm.commands.demo_data;"
         "print(sorted(m for m in ('torch','transformers','datasets','trl','pyarrow') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
