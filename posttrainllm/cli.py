@@ -225,7 +225,7 @@ def _sweep_command(
         from posttrainllm import sweep
 
         spec = sweep.parse(command, args)
-        from posttrainllm import banner
+        from posttrainllm.reporting import banner
 
         console = banner.console  # reads no markup: a cell's paths and the plot hint print as they are
         result = sweep.run(spec, echo=console.print)

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrainllm import banner, records
 from posttrainllm.context import Context, Setup
 from posttrainllm.errors import DataError, TrainingError, UsageError
+from posttrainllm.reporting import banner, records
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
 from posttrainllm.training.forgetting import meet_budget, ood_after, ood_before, probe_after, probe_texts
@@ -186,7 +186,7 @@ def train_and_finalize(s: Setup, spec: CommandSpec, conf, precision: str, resume
             run_dir.own(["runs"])  # TensorBoard's event files: OUT/runs/<date>_<host>/
         baseline = None
         if not spec.from_scratch:  # the weights before training, for the drift report (files on disk)
-            from posttrainllm import drift
+            from posttrainllm.reporting import drift
 
             baseline = drift.Baseline(trainer.model, s.model_path or cfg.model)
         t0 = time.time()
@@ -271,7 +271,7 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
     sizes = checkpoints.save_final(trainer, s.tokenizer, cfg.output_dir)
     drift_report = None
     if baseline is not None:
-        from posttrainllm import drift
+        from posttrainllm.reporting import drift
 
         drift_report = drift.measure(trainer.model, baseline, s.plan)  # every rank: FSDP gathers sharded tensors
     after, budget = None, None

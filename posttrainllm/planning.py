@@ -131,7 +131,7 @@ def clamp_max_length(cfg: RunConfig, limit: int | None):
 
 
 def check_something_trains(cfg: RunConfig, names: list[str] | None) -> None:
-    """Before the model loads: when the stored tensor names (posttrainllm/weights.py, local safetensors) are all
+    """Before the model loads: when the stored tensor names (posttrainllm/models/weights.py, local safetensors) are all
     matched by --lr-group patterns of factor 0, nothing would be left to train: a UsageError. Without names, or
     with LoRA (whose adapters are not stored), the plan builder says the same once the model is built."""
     import re

@@ -138,8 +138,8 @@ def main(cfg: RunConfig, run_command: RunCommand) -> None:
 
 def run_demo(cfg: RunConfig, run_command: RunCommand) -> None:
     """The demo's stages, each through `run_command` (the CLI's: resolve the values, run the command's `main`)."""
-    from posttrainllm import banner
     from posttrainllm.commands.demo_data import write_demo_files
+    from posttrainllm.reporting import banner
     from posttrainllm.rundir.layout import write_json
 
     out = Path(cfg.output_dir)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.constants import DEFAULT_WINDOW
-from posttrainllm.vocab import PROBE as _TOKENIZER_PROBE
+from posttrainllm.models.vocab import PROBE as _TOKENIZER_PROBE
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -47,12 +47,12 @@ def _eval_reference(cfg: RunConfig, tokenizer):
 
 def main(cfg: RunConfig) -> None:
     """posttrainllm eval: perplexity per text file, optional SFT completion loss; --json prints only JSON."""
-    from posttrainllm import banner
     from posttrainllm import evaluate as ev
     from posttrainllm.config.recipe import producing_recipe
     from posttrainllm.evaluate.precision import scoring_autocast
     from posttrainllm.models import pick_precision, resolve_model
     from posttrainllm.planning import clamp_max_length
+    from posttrainllm.reporting import banner
     from posttrainllm.training import quiet_progress_bars
 
     quiet_progress_bars()

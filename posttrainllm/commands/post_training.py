@@ -9,7 +9,6 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm import banner
 from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.context import Context, Setup
 from posttrainllm.errors import UsageError
@@ -20,14 +19,16 @@ from posttrainllm.planning import (
     clamp_max_length,
     plan_param_groups,
 )
+from posttrainllm.reporting import banner
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
 
 
 def setup(ctx: Context) -> Setup:
-    from posttrainllm import models, weights
+    from posttrainllm import models
     from posttrainllm.data import check_reward_columns, label_note, pipeline, self_replay
+    from posttrainllm.models import weights
 
     cfg, spec = ctx.cfg, ctx.spec
     rewards = _rewards(cfg, spec)  # the user's reward code is imported first: a bad --reward-fn stops before any model
@@ -215,11 +216,11 @@ def _resolve_models(cfg: RunConfig, spec: CommandSpec):
 def _check_same_vocabulary(cfg: RunConfig, model_path: str, teacher_path: str) -> list[str]:
     """distill compares the teacher's full next-token distribution with the student's, id by id: the same vocabulary
     size (read from the configs) and the same vocabulary (the same tokens under the same ids, and one sample text
-    tokenized alike: posttrainllm/vocab.py, as `eval --reference` requires), or a UsageError before either model
+    tokenized alike: posttrainllm/models/vocab.py, as `eval --reference` requires), or a UsageError before either model
     loads. A teacher without a tokenizer of its own is compared by size only; the note returned says so."""
     from posttrainllm import models
     from posttrainllm.errors import ModelError
-    from posttrainllm.vocab import vocabulary_difference
+    from posttrainllm.models.vocab import vocabulary_difference
 
     student, teacher = (models.vocab_size(p, cfg.trust_remote_code) for p in (model_path, teacher_path))
     fix = "distillation compares the next-token distributions id by id, so pick a teacher of the same tokenizer family"
@@ -289,7 +290,7 @@ def _apply_lora(model, cfg: RunConfig, spec: CommandSpec):
 
 def _model_name(ref: str, source: dict | None) -> str:
     """The banner's name of the model: the reference as given, or a GGUF file with its quantization."""
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     return gguf.describe(source) if source else ref
 
@@ -325,7 +326,7 @@ def shape_notes(model, cfg: RunConfig) -> list[str]:
 
 
 def gguf_note(source: dict) -> str | None:
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     return gguf.low_bit_note(source)
 

@@ -34,11 +34,12 @@ def main(cfg: RunConfig) -> None:
 def setup(ctx: Context) -> Setup:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrainllm import banner, data, models
+    from posttrainllm import data, models
     from posttrainllm.context import Setup
     from posttrainllm.data.pipeline import data_options
     from posttrainllm.lifecycle import device_name
     from posttrainllm.planning import bottom_scale_note, plan_param_groups
+    from posttrainllm.reporting import banner
     from posttrainllm.training import steps_row
 
     cfg, precision, resume_from = ctx.cfg, ctx.precision, ctx.resume_from

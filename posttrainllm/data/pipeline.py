@@ -98,7 +98,7 @@ def _self_replay_on(cfg: RunConfig) -> bool:
 
 
 def banner_echo(line: str) -> None:
-    from posttrainllm import banner
+    from posttrainllm.reporting import banner
 
     banner.console.print(line)
 

@@ -70,7 +70,7 @@ def evaluate_files(
     duplicate basenames get parent directories, e.g. ``a/val.txt`` and ``b/val.txt``).
     Returns ``{name: text_perplexity(...) result, ..., "sft": sft_completion_loss(...) result}``. With a
     ``reference`` model (same tokenizer), each text's result also holds ``"kl"``: the mean per-token
-    KL(reference ‖ model) over the same predicted positions (posttrainllm/divergence.py).
+    KL(reference ‖ model) over the same predicted positions (posttrainllm/evaluate/divergence.py).
     Each text is read, tokenized and scored as a stream (``posttrainllm.evaluate.stream``): memory follows the
     batch and the read chunk, not the text. A rich progress bar is shown on stderr when ``progress`` is true and
     stderr is a terminal, plain lines every ``progress.PROGRESS_EVERY`` seconds when it is not (a log file); a

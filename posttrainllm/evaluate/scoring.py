@@ -105,7 +105,7 @@ def _score_ids(model, ids, max_length: int, batch_size: int, progress, reference
 def _score_batches(model, batches, progress, reference=None, kl=None, prefix: int = 0) -> dict:
     """Perplexity of a text given as its batches of windows (``stream.window_batches``: (int64 windows, position)
     items), see the package docstring for the definition; with a `reference` model, also the mean per-token
-    KL(reference ‖ model) at the same predicted positions (posttrainllm/divergence.py). ``progress(windows,
+    KL(reference ‖ model) at the same predicted positions (posttrainllm/evaluate/divergence.py). ``progress(windows,
     position)`` after each batch. ``kl``: another tracker with the same interface as ``_KL`` (the base cache's,
     posttrainllm/evaluate/base_cache.py) in place of a reference model. `prefix`: how many ids of each window are
     the tokenizer's prefix (context: never predicted, not counted as the text's tokens). Memory follows the batch:
@@ -164,7 +164,7 @@ class _KL:
         """Add the KL at the predicted positions of `batch` (those from index `first` on) to the running sum."""
         import torch
 
-        from posttrainllm.divergence import kl_sum
+        from posttrainllm.evaluate.divergence import kl_sum
 
         if self.reference is None:
             return

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from posttrainllm import banner
+from posttrainllm.reporting import banner
 from posttrainllm.rundir.layout import write_json
 
 if TYPE_CHECKING:

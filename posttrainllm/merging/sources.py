@@ -202,7 +202,7 @@ def source_record(src: Source) -> dict:
     hashes = {n: sha256(src.path / n) for n in names}
     record = {"ref": src.ref, "path": str(src.path), "kind": src.kind, "sha256": hashes}
     if src.gguf is not None:
-        from posttrainllm import gguf
+        from posttrainllm.models import gguf
 
         record["gguf"] = gguf.read_source(src.path)
     return record

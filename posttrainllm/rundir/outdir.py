@@ -66,7 +66,7 @@ _RECORD_LIMIT = 16 << 20  # a run_config.json is a few kB: a bigger one is read 
 
 
 def _note(text: str) -> None:
-    from posttrainllm import banner
+    from posttrainllm.reporting import banner
 
     banner.note(text)
 

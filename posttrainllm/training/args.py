@@ -134,7 +134,7 @@ def check_trainer_args(spec: CommandSpec, raw: dict[str, Any]) -> dict[str, Any]
         unknown=f"not a field of {cls.__name__}",
     )  # fmt: skip
     if out.get("chat_template_path"):  # TRL reads that template itself: bounded like the model's own
-        from posttrainllm.template_guard import check_template_source
+        from posttrainllm.models.template_guard import check_template_source
 
         check_template_source(str(out["chat_template_path"]), "--trainer-arg chat_template_path")
     return out

@@ -25,8 +25,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from posttrainllm.divergence import chunk_positions
 from posttrainllm.errors import ModelError
+from posttrainllm.evaluate.divergence import chunk_positions
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -47,7 +47,7 @@ def banner_row(cfg: RunConfig, kl_base) -> str | None:
     beta = getattr(cfg, "kl_to_base", None) or 0.0
     if not beta:
         return None
-    from posttrainllm.banner import fmt_bytes
+    from posttrainllm.reporting.banner import fmt_bytes
 
     if kl_base is None:
         base = "the model with its LoRA adapters disabled (no second copy)"

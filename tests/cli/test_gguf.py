@@ -1,7 +1,7 @@
-"""GGUF files as a model source (posttrainllm/gguf.py, models.resolve_model), on tiny llama GGUF files that the tests
-write with the gguf package's writer, laid out as llama.cpp's convert_hf_to_gguf.py lays them out (q/k rows permuted
-for its rotary embedding, a "gpt2" byte-level BPE vocabulary): the converted model gives the original's logits and
-token ids; sft/dpo/eval/generate take the file; bad sources exit 2 in one line; the conversion is cached per file
+"""GGUF files as a model source (posttrainllm/models/gguf.py, models.resolve_model), on tiny llama GGUF files that the
+tests write with the gguf package's writer, laid out as llama.cpp's convert_hf_to_gguf.py lays them out (q/k rows
+permuted for its rotary embedding, a "gpt2" byte-level BPE vocabulary): the converted model gives the original's logits
+and token ids; sft/dpo/eval/generate take the file; bad sources exit 2 in one line; the conversion is cached per file
 version. A slow test runs the real SmolLM2-135M-Instruct Q4_1 file when it is present."""
 
 import json
@@ -14,10 +14,10 @@ from conftest import build_tiny_model, build_tokenizer
 from harness import cli_args
 from typer.testing import CliRunner
 
-from posttrainllm import gguf as pgguf
 from posttrainllm import models
 from posttrainllm.cli import app
 from posttrainllm.errors import UsageError
+from posttrainllm.models import gguf as pgguf
 
 gguf = pytest.importorskip("gguf")
 runner = CliRunner()

@@ -176,7 +176,7 @@ def _kl_to(model_dir, base_dir) -> float:
     """Mean KL(base ‖ model) per token on the test corpus, measured with the eval's own scorer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrainllm.divergence import kl_sum
+    from posttrainllm.evaluate.divergence import kl_sum
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     ids = torch.tensor([tok(" ".join(CORPUS))["input_ids"][:200]])

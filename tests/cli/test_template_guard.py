@@ -11,8 +11,8 @@ import pytest
 from harness import cli_args
 from typer.testing import CliRunner
 
-from posttrainllm import template_guard as G
 from posttrainllm.cli import app
+from posttrainllm.models import template_guard as G
 
 runner = CliRunner()
 
@@ -52,7 +52,7 @@ def test_the_renderer_s_peak_memory_stays_under_the_bound():
     code = (
         f"import sys; sys.path.insert(0, {str(Path(G.__file__).resolve().parents[1])!r})\n"
         "import resource\n"
-        "from posttrainllm.template_guard import check_template\n"
+        "from posttrainllm.models.template_guard import check_template\n"
         f"print(check_template({BOMBS['six_gigabytes'][0]!r}))\n"
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )

@@ -60,8 +60,8 @@ def _config(tiny_model_dir, alpaca_file, tmp_path, *flags):
 
 
 def test_the_runs_plan_follows_the_flags_on_a_vlm(tiny_model_dir, alpaca_file, tmp_path):
-    from posttrainllm.banner import summary_line
     from posttrainllm.planning import plan_param_groups
+    from posttrainllm.reporting.banner import summary_line
 
     flags = ["--llrd", str(GAMMA), "--vision-llrd", str(GAMMA_V), "--projector-lr-scale", str(PROJ)]
     model = build("qwen2_vl")
@@ -74,8 +74,8 @@ def test_the_runs_plan_follows_the_flags_on_a_vlm(tiny_model_dir, alpaca_file, t
 
 
 def test_freeze_vision_on_the_command_line_freezes_the_tower(tiny_model_dir, alpaca_file, tmp_path):
-    from posttrainllm.banner import summary_line
     from posttrainllm.planning import plan_param_groups
+    from posttrainllm.reporting.banner import summary_line
 
     model = build("llava_clip")
     plan = plan_param_groups(_config(tiny_model_dir, alpaca_file, tmp_path, "--freeze-vision"), model)

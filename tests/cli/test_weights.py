@@ -40,7 +40,7 @@ def _no_load(monkeypatch):
 
 
 def test_stored_tensors_reads_names_and_shapes_from_the_header(tiny_model_dir):
-    from posttrainllm import weights
+    from posttrainllm.models import weights
 
     tensors = weights.stored_tensors(tiny_model_dir)
     assert tensors["model.layers.3.mlp.up_proj.weight"] == (64, 32)
@@ -48,7 +48,7 @@ def test_stored_tensors_reads_names_and_shapes_from_the_header(tiny_model_dir):
 
 
 def test_no_safetensors_means_no_check(tmp_path):
-    from posttrainllm import weights
+    from posttrainllm.models import weights
 
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2_000_000}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
@@ -109,7 +109,8 @@ def test_missing_weights_of_a_model_to_fine_tune_are_a_model_error(lacking_norm)
 
 
 def test_unused_weights_are_named_and_tied_heads_are_not_flagged(tiny_model_dir, tmp_path):
-    from posttrainllm import models, weights
+    from posttrainllm import models
+    from posttrainllm.models import weights
 
     info = {"missing_keys": set(), "unexpected_keys": {"model.extra.weight"}, "mismatched_keys": set()}
     with pytest.raises(ModelError, match=r"not in the model \(dropped: model\.extra\.weight\)"):

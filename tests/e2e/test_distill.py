@@ -158,7 +158,7 @@ def test_a_teacher_of_the_same_vocabulary_size_but_other_tokens_exits_2_before_a
 def test_the_vocabulary_difference_names_a_token_and_counts_the_rest(tiny_model_dir, teacher_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from posttrainllm.vocab import vocabulary_difference
+    from posttrainllm.models.vocab import vocabulary_difference
 
     student = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert vocabulary_difference(student, AutoTokenizer.from_pretrained(teacher_dir)) is None

@@ -61,7 +61,7 @@ def test_model_card_names_the_base_model_and_holds_the_lr_table(tiny_model_dir, 
 
 
 def test_hub_base_model_goes_into_the_front_matter():
-    from posttrainllm.model_card import render
+    from posttrainllm.reporting.model_card import render
 
     card = render(
         command="dpo",

@@ -173,6 +173,16 @@ def test_the_checkout_listing_sees_a_new_file(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- small rooms
+MAX_LOOSE_MODULES = 12  # the package root holds the run's core; everything else lives in a room (a subpackage)
+
+
+def test_the_package_root_holds_at_most_12_loose_modules():
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE_MODULES, (
+        f"{len(loose)} modules in posttrainllm/ (at most {MAX_LOOSE_MODULES}): {loose}"
+    )
+
+
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 # data tables, not logic: allowed to be long (keep this list short)

@@ -40,7 +40,7 @@ def previous_eval(model, tokenizer, text: str, L: int, batch_size: int, referenc
     full, nll, predicted, kl, kl_n = len(ids) // L, 0.0, 0, 0.0, 0
     rows = [ids[b0 * L : min(b0 + batch_size, full) * L].reshape(-1, L) for b0 in range(0, full, batch_size)]
     rows += [ids[full * L :][None]] if len(ids) - full * L >= 2 else []
-    from posttrainllm.divergence import kl_sum
+    from posttrainllm.evaluate.divergence import kl_sum
 
     with torch.inference_mode():
         for window in rows:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from posttrainllm import banner
+from posttrainllm.reporting import banner
 
 
 def _printed(fn) -> str:
@@ -22,7 +22,7 @@ def _printed(fn) -> str:
 def test_the_missing_matplotlib_hint_keeps_its_brackets(monkeypatch, tmp_path):
     """drift.png cannot be drawn without matplotlib: the note must print `pip install 'posttrainllm[plot]'` (Rich
     markup once read `[plot]` as a style tag and dropped it)."""
-    from posttrainllm import records
+    from posttrainllm.reporting import records
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     report = {"depths": [{"block": "embeddings", "drift": 0.01}, {"block": "head", "drift": 0.05}]}

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrainllm import drift
 from posttrainllm.llrd import build_param_groups
+from posttrainllm.reporting import drift
 
 
 def _train(model, groups, steps=4, seed=0):

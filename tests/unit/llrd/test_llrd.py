@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from posttrainllm.banner import summary_line
 from posttrainllm.llrd import (
     DEFAULT_TIED_POLICY,
     TIED_POLICIES,
@@ -20,6 +19,7 @@ from posttrainllm.llrd import (
     build_param_groups,
     find_block_list,
 )
+from posttrainllm.reporting.banner import summary_line
 
 BASE = 1e-3
 BLOCK_RE = re.compile(r"(?:layers|stack)\.(\d+)\.")

@@ -1,5 +1,5 @@
-"""KL(reference ‖ model) per token (posttrainllm/divergence.py): closed forms, evaluate_files, `eval --reference`,
-and the forgetting report's KL column."""
+"""KL(reference ‖ model) per token (posttrainllm/evaluate/divergence.py): closed forms, evaluate_files,
+`eval --reference`, and the forgetting report's KL column."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from posttrainllm import evaluate as ev
 from posttrainllm.cli import app
-from posttrainllm.divergence import kl_sum
 from posttrainllm.errors import ModelError
+from posttrainllm.evaluate.divergence import kl_sum
 
 TEXT = " ".join(CORPUS * 6)
 

@@ -16,7 +16,7 @@ from harness import cli_args
 from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
-from posttrainllm import divergence
+from posttrainllm.evaluate import divergence
 from posttrainllm.training import kl_to_base
 from posttrainllm.training.kl_to_base import KLToBaseMixin
 

@@ -44,7 +44,7 @@ PROBES = (  # (messages, add_generation_prompt): what any chat template is used 
 )
 _VERDICTS: dict[str, str | None] = {}
 # the child: isolated (-I: no working directory or PYTHONPATH on its path), this package found where it is
-_CHILD = "import sys; sys.path.insert(0, {root!r}); from posttrainllm.template_guard import main; main()"
+_CHILD = "import sys; sys.path.insert(0, {root!r}); from posttrainllm.models.template_guard import main; main()"
 
 
 def templates_of(tokenizer) -> dict[str, str]:
@@ -115,7 +115,7 @@ def _probe(template: str, special: dict[str, str]) -> str | None:
     payload = json.dumps({"template": template, "special": special})
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-c", _CHILD.format(root=str(Path(__file__).resolve().parents[1]))],
+            [sys.executable, "-I", "-c", _CHILD.format(root=str(Path(__file__).resolve().parents[2]))],
             input=payload,
             capture_output=True,
             text=True,

@@ -107,7 +107,7 @@ def _origin(base_model: str | None, hub_base: str | None, model_source: dict | N
 
 
 def _plan_section(plan) -> list[str]:
-    from posttrainllm.banner import format_lr, summary_line, tied_elsewhere
+    from posttrainllm.reporting.banner import format_lr, summary_line, tied_elsewhere
 
     if plan is None:
         return []

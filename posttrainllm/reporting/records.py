@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrainllm import banner
+from posttrainllm.reporting import banner
 from posttrainllm.rundir.layout import write_json
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def log_forgetting(trainer, report: dict) -> None:
 
 
 def write_drift(run_dir, out: Path, report: dict) -> None:
-    from posttrainllm import drift
+    from posttrainllm.reporting import drift
 
     run_dir.own(["drift.json", "drift.png"])
     write_json(out / "drift.json", report)
@@ -83,7 +83,7 @@ def write_model_card(
     model_path: str | None = None,
     extra: dict | None = None,
 ) -> None:
-    from posttrainllm import model_card
+    from posttrainllm.reporting import model_card
 
     run_dir.own(["README.md"])
     data = {
@@ -115,6 +115,6 @@ def write_model_card(
 
 def gguf_record(model_path: str | None) -> dict | None:
     """The GGUF file a model directory was converted from (for the model card), if it was."""
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     return gguf.read_source(model_path) if model_path else None

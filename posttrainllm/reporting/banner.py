@@ -229,7 +229,7 @@ def print_budget(budget: dict[str, Any]) -> None:
 
 
 def print_drift(report: dict[str, Any]) -> None:
-    from posttrainllm.drift import bar_chart
+    from posttrainllm.reporting.drift import bar_chart
 
     console.print("weight drift per depth (‖ΔW‖/‖W‖):")
     console.print(bar_chart(report))

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.config.coerce import check_keyed
 from posttrainllm.constants import LAYER_COUNT_KEYS
 from posttrainllm.errors import ModelError, UsageError, one_line
-from posttrainllm.template_guard import check_tokenizer_templates
+from posttrainllm.models.template_guard import check_tokenizer_templates
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -81,9 +80,9 @@ def resolve_model(
     ref: str, what: str = "--model", hint: Callable[[], str | None] | None = None, trust_remote_code: bool = False
 ) -> tuple[str, dict[str, Any] | None]:
     """What to load for `ref`: the model directory or hub id itself (checked by check_model_ref), or, for a GGUF
-    file (or a directory holding one), the directory it is converted into once (posttrainllm/gguf.py), with what
+    file (or a directory holding one), the directory it is converted into once (posttrainllm/models/gguf.py), with what
     the file holds (architecture, quantization) as the second value."""
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     path = gguf.find_gguf(ref, what)
     if path is None:
@@ -150,7 +149,7 @@ def precision_notes(picked: str) -> list[str]:
 
 def _template_owner(ref: str) -> str:
     """The model a chat template comes from, for messages: a converted GGUF's own file, else the reference."""
-    from posttrainllm import gguf
+    from posttrainllm.models import gguf
 
     source = gguf.read_source(ref) if os.path.isdir(ref) else None
     return f"{source['file']} (tokenizer.chat_template)" if source and source.get("file") else ref
@@ -279,6 +278,7 @@ def check_model_args(ref: str, raw: dict[str, Any], trust_remote_code: bool = Fa
     those on to the config); anything else is a UsageError naming the closest keys. `torch_dtype` means `dtype`.
     The same check as --trainer-arg's (config.coerce.check_keyed); the values have no declared type, so they are
     read as YAML reads them."""
+    from posttrainllm.config.coerce import check_keyed  # not at import: config/ is more than a model load needs
     from posttrainllm.errors import ConfigErrors
 
     if not raw:
@@ -321,13 +321,13 @@ def load_model(
     `reward_head`: AutoModelForSequenceClassification with one output (a reward model): its score head is new, and
     the checkpoint's LM head goes unused, which the notes say (any other mismatch is reported as usual).
     `model_args` (checked by check_model_args) are passed on to from_pretrained. The config is checked against
-    the safetensors headers first (posttrainllm/weights.py: an absurd block count is refused, and for a model to
+    the safetensors headers first (posttrainllm/models/weights.py: an absurd block count is refused, and for a model to
     `fine_tune` any block count the weights do not hold); for a model to `fine_tune`, missing or unused weights
     are a ModelError unless `allow_new_weights` (then `notes` name them)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
-    from posttrainllm import weights
+    from posttrainllm.models import weights
     from posttrainllm.vision.detect import is_vlm
 
     check_model_ref(ref, what)
