@@ -84,7 +84,8 @@ def results_table(summary: dict) -> Table:
 
 
 def render_table(summary: dict) -> str:
-    """The table as plain text, the same on every terminal (the README quotes it; tests/e2e/test_demo.py checks it)."""
+    """The table as plain text, the same on every terminal (the README quotes it; tests/unit/commands/test_demo_parts.py
+    checks it)."""
     import io
 
     from rich.console import Console

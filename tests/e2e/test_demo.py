@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from posttrainllm.commands import demo_data
-
 
 @pytest.mark.smoke
 @pytest.mark.skipif(
@@ -44,41 +42,9 @@ def test_demo_quick_runs_offline(tmp_path):
     assert again.returncode == 2 and "--overwrite" in again.stderr
 
 
-def test_demo_data_comes_from_this_python_install(tmp_path):
-    files = demo_data.write_demo_files(tmp_path)
-    assert files["pretrain"].stat().st_size > 100_000
-    assert files["heldout_code"].read_text() not in files["pretrain"].read_text()
-
-
-# ------------------------------------------------------------------------------ the README's demo table is true
+# ---------------------- a fresh demo reproduces the README's record (its table: tests/unit/commands/test_demo_parts.py)
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "docs" / "demo_results.json"
-
-
-def test_the_readme_quotes_the_recorded_demo_run():
-    """docs/demo_results.json is the last full `posttrainllm demo` (its demo_results.json plus what the numbers
-    depend on); the README's table is that record rendered the way the demo prints it, and names its environment."""
-    from posttrainllm.commands import demo
-
-    record = json.loads(RECORD.read_text())
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert demo.render_table(record["runs"]) in readme
-    env = record["environment"]
-    assert f"torch {env['torch']}" in readme and f"{env['threads']} threads" in readme
-    assert ("demo --quick" in readme) == env["quick"]  # the README says which demo the table is
-
-
-def test_the_demo_prints_its_table_as_render_table_does(tmp_path):
-    from posttrainllm.commands import demo
-
-    runs = {
-        "flat (γ=1.0)": {"eval_loss": 1.5, "before": 100.0, "after": 150.0, "change_pct": 50.0},
-        "★ budget ≤20% (α=0.25)": {"eval_loss": 1.9, "before": 100.0, "after": 112.0, "change_pct": 12.0},
-    }
-    text = demo.render_table(runs)
-    assert "flat (γ=1.0)" in text and "+50.0%" in text and demo.TABLE_TITLE in text
-    assert "★ budget ≤20% (α=0.25)" in text and "+12.0%" in text and "--max-forgetting 20" in text
-    assert all(line == line.rstrip() for line in text.splitlines())
 
 
 @pytest.mark.slow

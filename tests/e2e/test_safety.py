@@ -722,18 +722,6 @@ def test_demo_overwrite_refuses_a_directory_holding_files_it_did_not_write(tmp_p
     assert snapshot(out) == before
 
 
-def test_a_users_dot_final_tmp_is_not_taken_for_posttrainllms(tmp_path):
-    """The final save goes through OUT/.posttrainllm/final-tmp; a top-level `.final-tmp` is not ours, so
-    --overwrite must refuse to replace it (it was once listed among the run's own records)."""
-    from posttrainllm.rundir import outdir
-
-    out = tmp_path / "o"
-    out.mkdir()
-    (out / ".final-tmp").write_text("the user's")
-    (out / "run_config.json").write_text('{"command": "sft"}')  # a run of posttrainllm's (its record says so)
-    assert outdir.foreign(out) == [".final-tmp"]
-
-
 @pytest.mark.smoke
 @pytest.mark.parametrize("how", ["torch writer", "ENOSPC"])
 def test_a_full_disk_during_a_checkpoint_save_says_so_and_keeps_the_last_good_one(
@@ -772,10 +760,3 @@ def test_a_full_disk_during_a_checkpoint_save_says_so_and_keeps_the_last_good_on
     assert "No space left on device while saving checkpoint-4 (needs about" in text
     assert "the last good checkpoint, checkpoint-2, is kept" in text and "inline_container" not in text
     assert layout.verify_checkpoint(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists()
-
-
-def test_an_unrelated_save_error_is_not_called_a_full_disk(tmp_path):
-    from posttrainllm.rundir.checkpoints import disk_full_error
-
-    assert disk_full_error(RuntimeError("some other failure"), tmp_path / "checkpoint-3", 1000) is None
-    assert disk_full_error(OSError(13, "Permission denied"), tmp_path / "checkpoint-3", 1000) is None
