@@ -82,7 +82,8 @@ def performance(out: Path, s: dict, env: dict, peak_tflops: float, gemma: bool =
     ]  # fmt: skip
     if gemma:
         cmd += ["--arch", "gemma3", "--model-vocab", str(s["gemma_vocab"])]
-    status = run(cmd + ["--out-json", str(dest)], out / f"{name}.log", s[f"{g}timeout"], env)
+    timeout = s["gemma_timeout" if gemma else "perf_timeout"]
+    status = run(cmd + ["--out-json", str(dest)], out / f"{name}.log", timeout, env)
     if not dest.is_file():
         return {"status": status}
     res = json.loads(dest.read_text())
