@@ -15,7 +15,10 @@ the final save). Each side's own precision default (`--precision auto`; TRL's SF
   divergence.chunk_positions, 128 positions on this vocabulary);
 - `kl_whole`: the same with one chunk holding every loss token of the step (`chunk_positions` patched in the child
   process only): what the anchor held before it was chunked;
-- `self_replay`: `posttrainllm sft --self-replay 8 --replay-ratio 0.25` (8 samples of the model drawn first);
+- `flat_no_probe`: `flat` with `--forgetting-probe 0` (no starting model loaded again after training for the probe);
+- `flat_checkpointing`: that with `--gradient-checkpointing`, TRL's default (what separates `flat` from `trl`);
+- `self_replay`: `posttrainllm sft --self-replay 4 --replay-ratio 0.25` (4 samples of the model drawn first: as many
+  as 4 steps of batch 4 at 25% take);
 - `eval_ref`: `posttrainllm eval --model M --reference M --text` on the first 40,000 characters of Python's
   documentation prose (the KL per window);
 - `load`: a process that only loads the model (the size of a frozen copy, plus the libraries).
@@ -74,7 +77,9 @@ def contenders(a, data, model_dir: str, root: Path) -> dict[str, list[str]]:
         "flat": sft("flat"),
         "kl": sft("kl", *kl),
         "kl_whole": whole,
-        "self_replay": sft("self_replay", "--self-replay", "8", "--replay-ratio", "0.25"),
+        "flat_no_probe": sft("flat_no_probe", "--forgetting-probe", "0"),
+        "flat_checkpointing": sft("flat_checkpointing", "--forgetting-probe", "0", "--gradient-checkpointing"),
+        "self_replay": sft("self_replay", "--self-replay", "4", "--replay-ratio", "0.25"),
         "eval_ref": [
             sys.executable,
             "-m",

@@ -89,17 +89,32 @@ def trl_worker(model_dir, dataset, out, steps, batch, max_length, precision="fp3
     print(RESULT_TAG + json.dumps({"metrics": metrics, "num_tokens": toks[-1], "fed": fed, "train_call_s": train_s}))
 
 
-def write_data(root: Path, dataset: Path) -> dict[str, Path]:
+def write_data(root: Path, dataset: Path, chat: bool = False) -> dict[str, Path]:
+    """Alpaca as prompt/completion rows (train: all but the last 99 rows; val: those). `chat`: as conversations of
+    mixed lengths instead, 1, 2 or 3 consecutive Alpaca pairs as user/assistant turns (in turn), for the models'
+    chat templates."""
     rows = json.loads(dataset.read_text(encoding="utf-8"))
 
-    def pc(r):
+    def prompt(r):
         tpl = ALPACA_PROMPT if r.get("input", "").strip() else ALPACA_PROMPT_NO_INPUT
-        return {"prompt": tpl.format(instruction=r["instruction"], input=r.get("input", "")), "completion": r["output"]}
+        return tpl.format(instruction=r["instruction"], input=r.get("input", ""))
+
+    def as_rows(part):
+        if not chat:
+            return [{"prompt": prompt(r), "completion": r["output"]} for r in part]
+        out, i = [], 0
+        while i < len(part):
+            turns = part[i : i + 1 + len(out) % 3]
+            i += len(turns)
+            msgs = [m for r in turns for m in ({"role": "user", "content": prompt(r)},
+                                               {"role": "assistant", "content": r["output"]})]  # fmt: skip
+            out.append({"messages": msgs})
+        return out
 
     out = {"train": root / "train.jsonl", "val": root / "val.jsonl"}
     cut = max(1, len(rows) - 99)
     for key, part in (("train", rows[:cut]), ("val", rows[cut:])):
-        out[key].write_text("".join(json.dumps(pc(r)) + "\n" for r in part), encoding="utf-8")
+        out[key].write_text("".join(json.dumps(r) + "\n" for r in as_rows(part)), encoding="utf-8")
     return out
 
 
@@ -112,7 +127,13 @@ def token_counts(model_dir: str, train: Path, max_length: int) -> tuple[float, f
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(line) for line in train.read_text(encoding="utf-8").splitlines()]
-    n = [min(max_length, len(tok(r["prompt"] + r["completion"]).input_ids) + 1) for r in rows]
+
+    def length(r):
+        if "messages" in r:
+            return len(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"])
+        return len(tok(r["prompt"] + r["completion"]).input_ids) + 1
+
+    n = [min(max_length, length(r)) for r in rows]
     packed = pack_dataset(Dataset.from_dict({"input_ids": [[0] * k for k in n]}), max_length, strategy="bfd")
     return sum(n) / len(n), sum(n) / len(packed)
 
@@ -138,7 +159,8 @@ def ours_argv(kind, data, model_dir, out, steps, batch, max_length, precision="f
             str(data["train"]), "--output-dir", str(out), "--max-steps", str(steps), "--batch-size", str(batch),
             "--max-length", str(max_length), "--precision", precision, "--save-steps", str(steps + 1000),
             "--logging-steps", "10", "--lr", str(LR), "--seed", "42"]  # fmt: skip
-    argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"], "flat_adamw": ["--optim", "adamw_torch"]}.get(kind, [])
+    argv += {"llrd": ["--llrd", "0.9"], "packed": ["--packing"], "flat_adamw": ["--optim", "adamw_torch"],
+             "padded": ["--no-padding-free"]}.get(kind, [])  # fmt: skip
     if kind == "packed_accum":  # one packed row per forward, the same rows per step through accumulation
         argv[argv.index("--batch-size") + 1] = "1"
         argv += ["--packing", "--grad-accum", str(batch)]
@@ -183,8 +205,11 @@ def eval_loss(out: str, val: Path, max_length: int, env: dict) -> float:
     argv = [str(exe) if exe.exists() else "posttrainllm", "eval", "--model", out, "--sft-dataset", str(val),
             "--max-length", str(max_length), "--json"]  # fmt: skip
     _, proc = run_cmd(argv, env=env, timeout=3600)
-    res = json.loads(proc.stdout[proc.stdout.index("{") :])
-    return next(v["loss"] for v in res.values() if isinstance(v, dict) and "loss" in v)
+    try:
+        res = json.loads(proc.stdout[proc.stdout.index("{") :])
+        return next(v["loss"] for v in res.values() if isinstance(v, dict) and "loss" in v)
+    except (ValueError, StopIteration):  # a data set eval does not score: the speed figures stand without it
+        return None
 
 
 def part_overhead(a, data, model_dir, root, env, log, median, order_for) -> dict:
@@ -217,7 +242,10 @@ def part_padding(a, data, model_dir, root, env, log) -> dict:
         f"{packed_steps} steps")  # fmt: skip
     res = {}
     kinds = a.pad_kinds.split(",")
-    for kind, steps in (("trl", a.pad_steps), ("packed", packed_steps), ("packed_accum", packed_steps)):
+    # flat: sft at its defaults (padding-free where exact); padded: --no-padding-free; both TRL's rows and steps
+    runs = (("trl", a.pad_steps), ("flat", a.pad_steps), ("padded", a.pad_steps), ("packed", packed_steps),
+            ("packed_accum", packed_steps))  # fmt: skip
+    for kind, steps in runs:
         if kind not in kinds:
             continue
         log(f"padding: {kind} ({steps} steps) ...")
@@ -230,12 +258,14 @@ def part_padding(a, data, model_dir, root, env, log) -> dict:
         return out
     fed = res["trl"]["fed"]
     out["trl_padded_share"] = 1 - fed["real"] / fed["positions"]
-    for kind in ("packed", "packed_accum"):
+    for kind in ("flat", "padded", "packed", "packed_accum"):
         if kind in res:
             out[kind] = {
                 "useful_tokens_per_s_ratio": res[kind]["tokens_per_s"] / res["trl"]["tokens_per_s"],
                 "tokens_seen_ratio": res[kind]["num_tokens"] / res["trl"]["num_tokens"],
-                "eval_loss_difference": res[kind]["eval_loss"] - res["trl"]["eval_loss"],
+                "eval_loss_difference": None
+                if None in (res[kind]["eval_loss"], res["trl"]["eval_loss"])
+                else res[kind]["eval_loss"] - res["trl"]["eval_loss"],
             }
     return out
 
@@ -264,10 +294,12 @@ def main() -> None:
     p.add_argument("--pad-max-length", type=int, default=256, help="padding part")
     p.add_argument(
         "--pad-kinds", default="trl,packed,packed_accum",
-        help="padding part: trl (TRL's default padded batches), packed (--packing, batch B: one flattened row of B "
-        "packed rows per forward), packed_accum (--packing --batch-size 1 --grad-accum B)",
+        help="padding part: trl (TRL's default padded batches), flat (sft at its defaults: padding-free where "
+        "exact), padded (--no-padding-free), packed (--packing, batch B: one flattened row of B packed rows per "
+        "forward), packed_accum (--packing --batch-size 1 --grad-accum B)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--chat", action="store_true", help="the rows as conversations of 1-3 turns (mixed lengths)")
     p.add_argument(
         "--precision", choices=["fp32", "bf16", "auto"], default="fp32",
         help="every contender's; auto: each side's default (posttrainllm's --precision auto; TRL's SFTConfig defaults, "
@@ -279,7 +311,7 @@ def main() -> None:
     machine = machine_info()
     root = Path(tempfile.mkdtemp(prefix="posttrainllm-real-"))
     try:
-        data = write_data(root, Path(a.dataset))
+        data = write_data(root, Path(a.dataset), chat=a.chat)
         result = {"machine": machine, "argv": sys.argv[1:], "model": model_dir, "threads": a.threads}
         parts = a.part.split(",")
         if "overhead" in parts:
@@ -312,13 +344,13 @@ def report(r: dict, a) -> str:
             lines.append(
                 f"  {k:6s} {x['steps']:3d} steps  {x['num_tokens']:7.0f} useful tokens  "
                 f"{x['tokens_per_s']:7.1f} useful tokens/s  train loss {x['train_loss']:.4f}  "
-                f"eval loss {x['eval_loss']:.4f}"
+                f"eval loss {x['eval_loss'] if x['eval_loss'] is None else round(x['eval_loss'], 4)}"
             )
-        for k in ("packed", "packed_accum"):
+        for k in ("flat", "padded", "packed", "packed_accum"):
             if k in pd:
                 lines.append(
                     f"  {k}/TRL useful tokens/s {pd[k]['useful_tokens_per_s_ratio']:.3f} (target ≥ 1.5); tokens seen "
-                    f"ratio {pd[k]['tokens_seen_ratio']:.3f}; eval loss {k} − TRL {pd[k]['eval_loss_difference']:+.4f}"
+                    f"ratio {pd[k]['tokens_seen_ratio']:.3f}; eval loss {k} − TRL {pd[k]['eval_loss_difference']}"
                 )
     m = r["machine"]
     lines.append(f"machine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']}, {m['date']}")

@@ -7,6 +7,7 @@ import math
 
 from posttrainllm.errors import DataError, UsageError
 
+LOGITS_BYTES = 512 * 2**20  # at most this many bytes of float32 logits per forward (rows_per_forward)
 # Number of sequence positions whose logits are converted to float32 at a time (bounds memory for big vocabularies).
 _NLL_CHUNK = 1024
 
@@ -90,6 +91,19 @@ class _EvalMode:
         return False
 
 
+def rows_per_forward(model, length: int, rows: int) -> int:
+    """How many windows of `length` tokens one forward scores: all `rows`, or fewer where their float32 logits
+    (rows × length × vocabulary × 4 bytes) would pass LOGITS_BYTES. With a reference (the KL) two such tensors
+    exist at once, so the whole batch's full-vocabulary distributions are never held together on a big vocabulary:
+    SmolLM2 (49,152 tokens) keeps 10 windows of 256, Gemma 3 (262,144) scores 2 at a time."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    vocab = int(weight.shape[0]) if weight is not None and weight.dim() == 2 else 0
+    if not vocab:
+        return rows
+    return max(1, min(rows, LOGITS_BYTES // (4 * vocab * max(length, 1))))
+
+
 def _score_ids(model, ids, max_length: int, batch_size: int, progress, reference=None, prefix=()) -> dict:
     """Perplexity of already tokenized text (an array or list of ids), see ``_score_batches``; ``progress(windows)``.
     `prefix`: the ids each window starts with (``stream.window_prefix``)."""
@@ -121,14 +135,17 @@ def _score_batches(model, batches, progress, reference=None, kl=None, prefix: in
             tokens += rows.size - prefix * rows.shape[0]
             windows += rows.shape[0]
             if rows.shape[1] > first:  # a last window of one token (no prefix) predicts nothing: not run at all
-                batch = torch.from_numpy(rows).to(device)
-                logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
-                for r in range(batch.shape[0]):
-                    s, c = _row_nll_sum(logits[r, first - 1 : -1], batch[r, first:])
-                    nll_sum += s
-                    predicted += c
-                kl.add(batch, logits, first)
-                del logits
+                whole = torch.from_numpy(rows).to(device)
+                step = rows_per_forward(model, whole.shape[1], whole.shape[0])
+                for start in range(0, whole.shape[0], step):  # the logits of a few rows at a time (a big vocabulary)
+                    batch = whole[start : start + step]
+                    logits = model(input_ids=batch, attention_mask=torch.ones_like(batch), use_cache=False).logits
+                    for r in range(batch.shape[0]):
+                        s, c = _row_nll_sum(logits[r, first - 1 : -1], batch[r, first:])
+                        nll_sum += s
+                        predicted += c
+                    kl.add(batch, logits, first)
+                    del logits
             if progress is not None:
                 progress(rows.shape[0], position)
 

@@ -19,6 +19,10 @@ The recommendation, deterministic for a fixed grid and seed list:
 * for each, the flat cell it beats: flat's forgetting (γ = 1, no replay) interpolated along flat's LR curve at the
   same eval loss, as docs/results.md does.
 
+With --max-forgetting given (and --eval-dataset), every trained cell also gets its budgeted point: its largest
+uniform merge toward the base whose mean held-out change is within the budget (`posttrainllm merge
+--max-forgetting`, posttrainllm/sweep/merges.py), a point of its own labelled "budget ≤P% of ...".
+
 Outputs in OUT: ``results.json`` (cells, summary, recommendation), ``results.md`` and ``frontier.png``
 (in-domain eval loss against forgetting, one curve per γ, flat and replay shown; needs matplotlib).
 """

@@ -419,3 +419,33 @@ def test_chunked_float32_conversion_is_exact(model, tokenizer, monkeypatch):
     assert ev.sft_completion_loss(model, tokenizer, SFT_EXAMPLES, 64, batch_size=3) == pytest.approx(
         sft_whole, rel=1e-6
     )
+
+
+def test_a_big_vocabulary_scores_a_few_windows_per_forward_with_the_same_results(model, tokenizer, monkeypatch):
+    """rows_per_forward: the windows of a batch whose float32 logits would pass LOGITS_BYTES go through the model a
+    few at a time; the perplexity and the KL to a reference do not change (the scoring is per window)."""
+    from posttrainllm.evaluate import scoring
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    assert scoring.rows_per_forward(model, 20, 8) == 8  # a small vocabulary: the whole batch at once
+    reference = _make_model(len(tokenizer), seed=1)
+    whole = ev.evaluate_files(model, tokenizer, {"t": TEXT}, 12, batch_size=8, progress=False, reference=reference)
+    monkeypatch.setattr(scoring, "LOGITS_BYTES", 4 * vocab * 12 * 3)  # 3 windows of 12 tokens per forward
+    assert scoring.rows_per_forward(model, 12, 8) == 3 and scoring.rows_per_forward(model, 12, 2) == 2
+    calls = []
+    monkeypatch.setattr(model, "forward", _counting(model.forward, calls))
+    split = ev.evaluate_files(model, tokenizer, {"t": TEXT}, 12, batch_size=8, progress=False, reference=reference)
+    assert max(calls) <= 3 and len(calls) > 1
+    assert split["t"]["perplexity"] == pytest.approx(whole["t"]["perplexity"], rel=1e-6)
+    assert split["t"]["kl"] == pytest.approx(whole["t"]["kl"], rel=1e-6)
+    assert split["t"]["predicted_tokens"] == whole["t"]["predicted_tokens"]
+    monkeypatch.setattr(scoring, "LOGITS_BYTES", 1)
+    assert scoring.rows_per_forward(model, 12, 8) == 1  # never fewer than one window
+
+
+def _counting(forward, calls):
+    def wrapped(*args, input_ids=None, **kwargs):
+        calls.append(int(input_ids.shape[0]))
+        return forward(*args, input_ids=input_ids, **kwargs)
+
+    return wrapped
