@@ -26,7 +26,14 @@ from posttrainllm.errors import DataError, TrainingError, UsageError
 from posttrainllm.reporting import banner, records
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
-from posttrainllm.training.forgetting import meet_budget, ood_after, ood_before, probe_after, probe_texts
+from posttrainllm.training.forgetting import (
+    StartingModel,
+    meet_budget,
+    ood_after,
+    ood_before,
+    probe_after,
+    probe_texts,
+)
 
 if TYPE_CHECKING:
     from posttrainllm.commands.spec import CommandSpec
@@ -275,15 +282,17 @@ def _finalize(s: Setup, trainer, metrics: dict, precision: str, run_dir, baselin
 
         drift_report = drift.measure(trainer.model, baseline, s.plan)  # every rank: FSDP gathers sharded tensors
     after, budget = None, None
+    starting = StartingModel(s, precision)  # loaded again once, if a measurement below needs it
     if before is not None:  # every rank: the forward pass of a sharded model (FSDP, ZeRO-3) is collective
-        after = ood_after(s, trainer.model, precision)
+        after = ood_after(s, trainer.model, precision, starting)
         if cfg.max_forgetting is not None:
             measured = {"before": before, "after": after}
-            budget, after, sizes = meet_budget(s, trainer, metrics, measured, precision, run_dir, sizes)
-    probed = probe_after(s, trainer.model, probe, precision) if probe else None
+            budget, after, sizes = meet_budget(s, trainer, metrics, measured, precision, run_dir, sizes, starting)
+    probed = probe_after(s, trainer.model, probe, precision, starting) if probe else None
     if probe and cfg.max_forgetting is not None:  # no --ood-eval: the budget is on the probe
         measured = {"probe": probe, "probed": probed}
-        budget, probed, sizes = meet_budget(s, trainer, metrics, measured, precision, run_dir, sizes)
+        budget, probed, sizes = meet_budget(s, trainer, metrics, measured, precision, run_dir, sizes, starting)
+    del starting  # its memory goes before the records are written
     report = None
     if trainer.is_world_process_zero():
         extra = {"budget": budget, "probe": probed}

@@ -54,14 +54,14 @@ def ood_before(s: Setup, precision: str) -> dict:
         return base_results(lambda: s.model, s.tokenizer, list(s.cfg.ood_eval), window, **cached)
 
 
-def ood_after(s: Setup, model, precision: str) -> dict:
+def ood_after(s: Setup, model, precision: str, starting: StartingModel | None = None) -> dict:
     """The tuned model's held-out results with the KL to the base: from the cached base (one forward per batch, the
-    base not loaded), or against the base loaded again."""
+    base not loaded), or against the base loaded again (`starting`: loaded once for every measurement)."""
     from posttrainllm.evaluate.precision import scoring_autocast
 
     cached = _cache_args(s.cfg, s.model_path, model, precision)
     if cached is None:
-        reference = kl_reference(s.cfg, s.model_path, precision)
+        reference = (starting or StartingModel(s, precision))()
         with scoring_autocast(precision):
             return ood_eval(model, s.tokenizer, s.cfg, reference=reference)
     from posttrainllm.evaluate.base_cache import results_against_base
@@ -69,6 +69,20 @@ def ood_after(s: Setup, model, precision: str) -> dict:
     window = s.cfg.max_length or DEFAULT_WINDOW
     with scoring_autocast(precision):
         return results_against_base(model, s.tokenizer, list(s.cfg.ood_eval), window, progress=None, **cached)
+
+
+class StartingModel:
+    """The starting model loaded again after training (`kl_reference`), on first use only, and then kept for every
+    measurement of the run's end that needs it: the held-out KL, the probe, the budget's merges and their scoring."""
+
+    def __init__(self, s: Setup, precision: str):
+        self._s, self._precision, self._model, self._loaded = s, precision, None, False
+
+    def __call__(self):
+        if not self._loaded:
+            self._model = kl_reference(self._s.cfg, self._s.model_path, self._precision)
+            self._loaded = True
+        return self._model
 
 
 def kl_reference(cfg: RunConfig, model_path: str | None, precision: str):
@@ -103,44 +117,39 @@ def probe_texts(s: Setup, spec: CommandSpec, run_dir) -> list[str] | None:
             model_identity=s.model_path or cfg.model, length=probe.probe_length(s.model))  # fmt: skip
 
 
-def probe_after(s: Setup, model, texts: list[str], precision: str) -> dict | None:
+def probe_after(s: Setup, model, texts: list[str], precision: str,
+                starting: StartingModel | None = None) -> dict | None:  # fmt: skip
     """The probe's KL(start ‖ tuned) per token on its texts, against the starting model loaded again."""
     from posttrainllm.evaluate import probe
     from posttrainllm.evaluate.precision import scoring_autocast
 
-    reference = kl_reference(s.cfg, s.model_path, precision)
+    reference = (starting or StartingModel(s, precision))()
     if reference is None:
         return None
     with scoring_autocast(precision):
         return probe.measure(model, reference, s.tokenizer, texts, probe.probe_length(reference))
 
 
-def meet_budget(s: Setup, trainer, metrics: dict, measures: dict, precision: str, run_dir, sizes):
+def meet_budget(s: Setup, trainer, metrics: dict, measures: dict, precision: str, run_dir, sizes,
+                starting: StartingModel):  # fmt: skip
     """--max-forgetting: (the budget record, the output's forgetting results, the output's file sizes). The largest
     uniform merge toward the starting model within the budget (merging/budget.py) becomes the run's output; the
     trained model is kept in OUT/unmerged/. Its in-domain eval loss at α gives the share of the gain it keeps.
     `measures`: {"before", "after"} (the --ood-eval results: the mean perplexity change) or {"probe", "probed"}
     (the probe's texts and its result: without --ood-eval the budget is on the perplexity change of the starting
-    model's own samples, exp(KL) - 1, merging/budget.probe_change)."""
+    model's own samples, exp(KL) - 1, merging/budget.probe_change). `starting`: the starting model, loaded once."""
     from posttrainllm.evaluate import forgetting_report
     from posttrainllm.merging import budget as B
 
     cfg = s.cfg
     held = "before" in measures
-    loaded: list = []
-
-    def base():  # the starting model, loaded as the run loaded it, once a merge (or the probe) needs it
-        if not loaded:
-            loaded.append(kl_reference(cfg, s.model_path, precision))
-        return loaded[0]
-
-    result, change = _gauge(s, trainer.model, measures, base, precision)
+    result, change = _gauge(s, trainer.model, measures, starting, precision)
     merge = None
 
     def measure(alpha: float):
         nonlocal merge
         if merge is None:
-            merge = B.Interpolation(trainer.model, base())
+            merge = B.Interpolation(trainer.model, starting())
         merge.set(alpha)
         return change(result())
 
@@ -169,7 +178,7 @@ def meet_budget(s: Setup, trainer, metrics: dict, measures: dict, precision: str
     record.update(unmerged_dir=str(unmerged), eval_loss=losses.get(found["alpha"]))
     record["unmerged_results"] = forgetting_report(measures["before"], kept) if held else kept  # the trained model's
     record["kept_gain"] = B.kept_gain(losses.get(0.0), metrics.get("eval_loss"), losses.get(found["alpha"]))
-    final = ood_after(s, trainer.model, precision) if held else result()
+    final = ood_after(s, trainer.model, precision, starting) if held else result()
     return record, final, sizes
 
 

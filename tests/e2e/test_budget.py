@@ -42,9 +42,17 @@ def _run(tiny_model_dir, text_file, held, out, budget):
     return CliRunner().invoke(app, argv)
 
 
-def test_the_budgeted_output_forgets_at_most_the_budget_measured_again(tiny_model_dir, text_file, held_out, tmp_path):
+def test_the_budgeted_output_forgets_at_most_the_budget_measured_again(
+    tiny_model_dir, text_file, held_out, tmp_path, monkeypatch
+):
+    from posttrainllm.training import forgetting
+
+    loads = []
+    load = forgetting.kl_reference
+    monkeypatch.setattr(forgetting, "kl_reference", lambda *a: loads.append(a) or load(*a))
     out = tmp_path / "o"
     r = _run(tiny_model_dir, text_file, held_out, out, "5")
+    assert len(loads) == 1  # the starting model, loaded again once: the held-out KL, the merges, the output's KL
     assert r.exit_code == 0, r.output
     budget = json.loads((out / "eval_results.json").read_text())["budget"]
     assert 0 < budget["alpha"] < 1 and not budget["only_base"]  # the trained run forgets more than 5%
@@ -131,10 +139,15 @@ def _probe_kl(model_dir, base_dir, texts) -> float:
     return probe.measure(model, base, tok, texts)["kl"]
 
 
-def test_without_ood_eval_the_budget_is_on_the_probe_as_a_kl_budget(tiny_model_dir, text_file, tmp_path):
+def test_without_ood_eval_the_budget_is_on_the_probe_as_a_kl_budget(tiny_model_dir, text_file, tmp_path, monkeypatch):
     import math
 
     from posttrainllm.evaluate import probe
+    from posttrainllm.training import forgetting
+
+    loads = []
+    load = forgetting.kl_reference
+    monkeypatch.setattr(forgetting, "kl_reference", lambda *a: loads.append(a) or load(*a))
 
     out = tmp_path / "o"
     argv = run_args("finetune", tiny_model_dir, text_file, out, steps=12, batch=4, max_length=32, lr="1e-2",
@@ -151,3 +164,4 @@ def test_without_ood_eval_the_budget_is_on_the_probe_as_a_kl_budget(tiny_model_d
     kl = _probe_kl(out, tiny_model_dir, texts)  # the output, measured again: within the KL budget
     assert kl <= math.log1p(0.05) + 1e-6 and res["probe"]["kl"] == pytest.approx(kl, rel=1e-4, abs=1e-7)
     assert "own samples" in " ".join(r.output.split()) and "own samples" in (out / "README.md").read_text()
+    assert len(loads) == 1  # the starting model, loaded again once for the probe, the merges and their scoring
