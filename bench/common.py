@@ -123,6 +123,16 @@ def run_cmd(
     return wall, proc
 
 
+def converted_model(given: str | None, script: str = "smollm2.py") -> str:
+    """The model directory a benchmark runs on: `given`, else the converted directory of the real model that
+    bench/`script` fetches and converts (smollm2.py, gemma3.py; its `--dir` prints the path last)."""
+    if given:
+        return given
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / script), "--dir"], check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return out.strip().splitlines()[-1]
+
+
 def llama_config(
     hidden: int,
     layers: int,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, emit, machine_info  # noqa: E402
+from common import base_parser, converted_model, emit, machine_info  # noqa: E402
 from real_throughput import SHARED, model_and_env, ours_argv, trl_argv, write_data  # noqa: E402
 
 WHOLE = "import posttrainllm.training.kl_to_base as k; k.chunk_positions = lambda vocab: 1 << 30"
@@ -109,17 +109,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     a = p.parse_args()
-    model_dir = (
-        a.model
-        or subprocess.run(
-            [sys.executable, str(Path(__file__).parent / "gemma3.py"), "--dir"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    model_dir = converted_model(a.model, "gemma3.py")
     _, env = model_and_env(model_dir, a.threads)
     root = Path(tempfile.mkdtemp(prefix="posttrainllm-mem-"))
     data = write_data(root, Path(a.dataset))

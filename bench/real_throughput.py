@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -141,10 +140,9 @@ def token_counts(model_dir: str, train: Path, max_length: int) -> tuple[float, f
 def model_and_env(model: str | None, threads: int) -> tuple[str, dict[str, str]]:
     """The model directory (`model`, else bench/smollm2.py's converted SmolLM2) and the environment of every run:
     offline, quiet, `threads` threads."""
-    model_dir = model or subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "smollm2.py"), "--dir"], check=True, capture_output=True,
-        text=True,
-    ).stdout.strip().splitlines()[-1]  # fmt: skip
+    from common import converted_model
+
+    model_dir = converted_model(model)
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
     env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return model_dir, env

@@ -20,7 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, base_parser, emit, machine_info, median, order_for  # noqa: E402
+from common import (  # noqa: E402
+    ALPACA_PROMPT,
+    ALPACA_PROMPT_NO_INPUT,
+    base_parser,
+    converted_model,
+    emit,
+    machine_info,
+    median,
+    order_for,
+)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SETTINGS = dict(batch=4, completion=32, lr=1e-5, seed=0, rate=0.01, alpha=1.0)
@@ -89,17 +98,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    model_dir = (
-        a.model
-        or subprocess.run(
-            [sys.executable, str(Path(__file__).parent / "smollm2.py"), "--dir"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    model_dir = converted_model(a.model, "smollm2.py")
     import os
 
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

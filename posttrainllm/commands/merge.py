@@ -5,7 +5,6 @@ directory, which follows the project's claim and --overwrite rules (posttrainllm
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -222,11 +221,8 @@ def main(cfg: RunConfig) -> None:
             from posttrainllm.merging import frontier
 
             pairs = [(s.alpha, d) for s, d in zip(all_scales, targets)]
-            frontier.measure_and_report(cfg, base.path, pairs, out / RESULTS, schedule_of(cfg), examples)
-            if budget is not None:  # the α tried, beside the points (merge.json goes with --discard-weights)
-                from posttrainllm.rundir.layout import write_json
-
-                write_json(out / RESULTS, {**json.loads((out / RESULTS).read_text()), "budget": budget})
+            extra = {"budget": budget} if budget is not None else None  # merge.json goes with --discard-weights
+            frontier.measure_and_report(cfg, base.path, pairs, out / RESULTS, schedule_of(cfg), examples, extra)
             if cfg.discard_weights:
                 for target in targets:
                     shutil.rmtree(target, ignore_errors=True)

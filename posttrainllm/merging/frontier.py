@@ -139,20 +139,21 @@ def _cache_args(cfg: RunConfig, base_dir, base_model, texts: list[str], precisio
 
 
 def measure_and_report(
-    cfg: RunConfig, base_dir, merged: Sequence[tuple[float, object]], results_path, schedule: dict, examples
-):
+    cfg: RunConfig, base_dir, merged: Sequence[tuple[float, object]], results_path, schedule: dict, examples,
+    extra: dict | None = None,
+):  # fmt: skip
     """Evaluate the base once and every merged directory (alpha, directory) on cfg.ood_eval and the eval set
-    `examples` (or None), at --precision (evaluate/precision.py), write `results_path` (with the `schedule` record)
-    and print the frontier table. Returns the results."""
+    `examples` (or None), at --precision (evaluate/precision.py), write `results_path` (with the `schedule` record
+    and `extra`'s keys, e.g. the budget's record) and print the frontier table. Returns the results."""
     from posttrainllm.evaluate.precision import scoring_autocast
     from posttrainllm.models import pick_precision
 
     precision = pick_precision(cfg.precision)
     with scoring_autocast(precision):
-        return _measure(cfg, base_dir, merged, results_path, {**schedule, "precision": precision}, examples)
+        return _measure(cfg, base_dir, merged, results_path, {**schedule, "precision": precision}, examples, extra)
 
 
-def _measure(cfg: RunConfig, base_dir, merged, results_path, schedule: dict, examples):
+def _measure(cfg: RunConfig, base_dir, merged, results_path, schedule: dict, examples, extra: dict | None):
     import gc
 
     from posttrainllm.evaluate import load_for_eval
@@ -181,7 +182,7 @@ def _measure(cfg: RunConfig, base_dir, merged, results_path, schedule: dict, exa
         del model
         gc.collect()
     _mark_frontier(points)
-    out = {"schedule": schedule, "max_length": cfg.max_length, "points": points}
+    out = {"schedule": schedule, "max_length": cfg.max_length, "points": points, **(extra or {})}
     write_json(results_path, out)
     print_table(points)
     return out
