@@ -47,10 +47,10 @@ class OptionalValueCommand(TyperCommand):
     def parse_args(self, ctx, args):
         ctx.meta["posttrainllm.argv"] = [ctx.info_name, *args]  # the command line as given (model card, resume hint)
         try:
-            return super().parse_args(ctx, with_bare_values(self.command_name, list(args)))
+            return super().parse_args(ctx, with_bare_values(SPECS[self.command_name], list(args)))
         except Exception as e:  # click's NoSuchOption carries the flag: say which commands do take it
             flag = getattr(e, "option_name", None)
-            reason = not_an_option(self.command_name, flag) if isinstance(flag, str) else None
+            reason = not_an_option(self.command_name, flag, SPECS) if isinstance(flag, str) else None
             if reason:
                 e.message = reason
                 e.possibilities = None
@@ -71,7 +71,7 @@ app = typer.Typer(
 
 def _typer_param(o: Opt) -> inspect.Parameter:
     """An inspect.Parameter carrying the Typer option for one table entry (values arrive raw; config validates)."""
-    help_text = full_help(o) + (" [required]" if o.required else "")
+    help_text = full_help(o, SPECS) + (" [required]" if o.required else "")
     ann: Any
     if o.type is bool:
         ann = Annotated[
@@ -99,12 +99,13 @@ def _typer_param(o: Opt) -> inspect.Parameter:
 
 def _register(name: str, help_text: str, handler: Callable[[Any], None]) -> None:
     """Create the Typer command `name` from the option table; its body resolves the config and calls handler."""
-    opts = options_for(name)
+    spec = SPECS[name]
+    opts = options_for(spec)
 
     def command(ctx: typer.Context, **kwargs: Any) -> None:
         debug = bool(kwargs.get("debug"))
         argv = ctx.meta.get("posttrainllm.argv", [name])
-        code = guarded(lambda: handler(resolve(name, kwargs, argv=argv)), debug)
+        code = guarded(lambda: handler(resolve(spec, kwargs, argv=argv)), debug)
         if code:
             raise typer.Exit(code)
 
@@ -159,11 +160,18 @@ def _error(message: str) -> None:
 # -- the commands, from their specs (posttrainllm/commands/registry.py): each hands the resolved config to
 # posttrainllm/commands/<command>.py's main (heavy imports happen there)
 def _main_of(command: str) -> Callable[[Any], None]:
+    spec = SPECS[command]
+
     def handler(cfg: RunConfig) -> None:
+        if spec.trains:  # one main for every training command: the lifecycle runs the spec's setup
+            from posttrainllm import lifecycle
+
+            lifecycle.main(cfg, spec)
+            return
         import importlib
 
         main = importlib.import_module(f"posttrainllm.commands.{command}").main
-        if SPECS[command].runs_commands:  # the demo: it runs its stages through run_command
+        if spec.runs_commands:  # the demo: it runs its stages through run_command
             main(cfg, run_command)
         else:
             main(cfg)
@@ -173,14 +181,16 @@ def _main_of(command: str) -> Callable[[Any], None]:
 
 def run_command(command: str, values: dict[str, Any]) -> None:
     """Resolve `values` as `command`'s options and run the command, as its command line would (the demo's stages)."""
-    _main_of(command)(resolve(command, values))
+    _main_of(command)(resolve(SPECS[command], values))
 
 
 for _spec in SPECS.values():
     _register(_spec.name, _spec.help, _main_of(_spec.name))
 
 
-SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (sft, sdft, dpo or finetune) for
+_SWEEPABLE = [name for name, s in SPECS.items() if s.sweep]  # the commands whose specs say `sweep`
+SWEEP_COMMANDS_TEXT = ", ".join(_SWEEPABLE[:-1]) + " or " + _SWEEPABLE[-1]
+SWEEP_HELP = """Choose a forgetting method, γ and LR on your own data: run COMMAND (SWEEPABLE) for
 every cell of a grid (with --merge-alpha, merge each trained cell back toward the base), and recommend a point of the
 frontier.
 
@@ -211,12 +221,14 @@ Sweep options (comma-separated lists):
 
 Every cell is a normal COMMAND run (its options as usual, --eval-split or --eval-dataset and at least one
 --ood-eval required). Run again, the sweep skips each cell that finished with the same settings and input
-contents, measures only added --merge-alpha values, and keeps every earlier point in results.json."""
+contents, measures only added --merge-alpha values, and keeps every earlier point in results.json.""".replace(
+    "SWEEPABLE", SWEEP_COMMANDS_TEXT
+)
 
 
 @app.command("sweep", help=SWEEP_HELP, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def _sweep_command(
-    ctx: typer.Context, command: Annotated[str, typer.Argument(help="sft, sdft, dpo or finetune", metavar="COMMAND")]
+    ctx: typer.Context, command: Annotated[str, typer.Argument(help=SWEEP_COMMANDS_TEXT, metavar="COMMAND")]
 ) -> None:
     args = list(ctx.args)
     debug = "--debug" in args

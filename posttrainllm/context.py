@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from posttrainllm.commands.spec import CommandSpec
     from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.spec import CommandSpec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,8 @@ setup → train → cleanup:
     → finalize: final save, drift, forgetting (PPL, KL), records, model card, summary
 
 This is where the CLI path first imports torch/transformers/TRL (through its callees). What differs between the
-commands is read off the command's spec (posttrainllm/commands/spec.py), handed in by the command's `main`.
+commands is read off the command's spec (posttrainllm/spec.py), handed in by the CLI: `main(cfg, spec)` is every
+training command's main.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from posttrainllm.errors import DataError, TrainingError, UsageError
 from posttrainllm.reporting import banner, records
 from posttrainllm.rundir import checkpoints, fingerprint, layout, outdir, signals
 from posttrainllm.rundir.layout import is_rank0, write_json
+from posttrainllm.spec import load
 from posttrainllm.training.forgetting import (
     StartingModel,
     meet_budget,
@@ -36,8 +38,14 @@ from posttrainllm.training.forgetting import (
 )
 
 if TYPE_CHECKING:
-    from posttrainllm.commands.spec import CommandSpec
     from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.spec import CommandSpec
+
+
+def main(cfg: RunConfig, spec: CommandSpec) -> None:
+    """Every training command's main: the lifecycle, with the setup its spec names (`CommandSpec.setup`)."""
+    assert spec.setup, f"{spec.name} trains nothing"
+    run(cfg, spec, load(spec.setup))
 
 
 def run(cfg: RunConfig, spec: CommandSpec, setup: Callable[[Context], Setup]) -> None:
@@ -58,7 +66,6 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
         check_optim_name,
         check_trainer_args,
         quiet_progress_bars,
-        refresh_config,
         trainer_config,
     )
 
@@ -66,10 +73,13 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
     set_seed(cfg.seed)
     check_optim_name(cfg.optim)
     precision = models.pick_precision(cfg.precision)
-    # --trainer-arg checked once, and the trainer config built once, before any model loads
+    # --trainer-arg checked once (names, owners, types), before any model loads
     trainer_args = check_trainer_args(spec, cfg.trainer_args or {})
-    conf = trainer_config(spec, cfg, precision, has_eval=bool(cfg.eval_split or cfg.eval_dataset), extra=trainer_args)
+    has_eval = bool(cfg.eval_split or cfg.eval_dataset)
     s = setup(Context(cfg=cfg, spec=spec, precision=precision, trainer_args=trainer_args, resume_from=resume_from))
+    # the run's trainer config, built once from what the setup settled (a clamped --max-length, fitted completion
+    # lengths, what the loss falls on): nothing patches it afterwards
+    conf = trainer_config(spec, s.cfg, precision, has_eval=has_eval, extra=trainer_args, loss=s.prepared.loss)
     if show_plan(s.cfg, s.info, s.plan, s.notes, {**s.resolved, "trainer_args": trainer_args}, run_dir):
         return
     if s.after_plan is not None and is_rank0():
@@ -80,7 +90,6 @@ def _lifecycle(cfg: RunConfig, spec: CommandSpec, setup, run_dir, resume_from) -
         if s.cfg.max_forgetting is not None and before is None and not probe:
             raise UsageError("--max-forgetting needs --ood-eval FILE or the forgetting probe, which this run "
                 "cannot draw (a vision-language model, or no sample to predict): give --ood-eval FILE")  # fmt: skip
-        conf = refresh_config(conf, spec, cfg, s.cfg, loss=s.prepared.loss)  # what the setup settled: length, mask
     train_and_finalize(s, spec, conf, precision, resume_from, run_dir, before, probe)
 
 

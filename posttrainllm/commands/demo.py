@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.errors import BudgetNotMet, UsageError
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from rich.table import Table

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from posttrainllm.commands import POST_TRAINING_SETUP
 from posttrainllm.commands.grpo import SAMPLING_OWNED
-from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -48,6 +49,7 @@ def _steps(cfg: RunConfig, n_train: int | None) -> str:
 
 SPEC = CommandSpec(
     name="distill",
+    setup=POST_TRAINING_SETUP,
     help="On-policy distillation with TRL's DistillationTrainer: the model completes your prompts and learns the "
     "--teacher's next-token distribution on them.",
     trainer="trl:DistillationTrainer",
@@ -63,10 +65,3 @@ SPEC = CommandSpec(
     rows=_rows,
     steps=_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from posttrainllm.commands import POST_TRAINING_SETUP
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.commands.spec import CommandSpec, default_reference, num_proc
+from posttrainllm.spec import CommandSpec, default_reference, num_proc
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -69,6 +70,8 @@ def _rows(cfg: RunConfig) -> dict[str, str | None]:
 
 SPEC = CommandSpec(
     name="dpo",
+    setup=POST_TRAINING_SETUP,
+    sweep=True,
     help="Direct preference optimisation with TRL's DPOTrainer (prompt/chosen/rejected or ShareGPT preference data).",
     trainer="trl:DPOTrainer",
     trainer_config="trl:DPOConfig",
@@ -84,10 +87,3 @@ SPEC = CommandSpec(
     rows=_rows,
     steps=max_length_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

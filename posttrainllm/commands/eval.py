@@ -8,9 +8,9 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.constants import DEFAULT_WINDOW
 from posttrainllm.models.vocab import PROBE as _TOKENIZER_PROBE
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from posttrainllm.commands import POST_TRAINING_SETUP
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
-    from posttrainllm.config.runconfig import RunConfig
+    pass
 
 SPEC = CommandSpec(
     name="finetune",
+    setup=POST_TRAINING_SETUP,
+    sweep=True,
     help="Causal-LM training on raw text with transformers' Trainer (continued pre-training).",
     trainer="transformers:Trainer",
     trainer_config="transformers:TrainingArguments",
@@ -24,10 +27,3 @@ SPEC = CommandSpec(
     max_length=512,
     steps=max_length_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

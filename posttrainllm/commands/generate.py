@@ -15,9 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.config.inputs import local_inputs, output_file_problems
+from posttrainllm.config.options import options_for
 from posttrainllm.errors import DataError, UsageError
 from posttrainllm.refs import not_a_file, special_file
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -37,6 +39,9 @@ def _one_source(command: str, v: Mapping[str, Any]) -> list[str]:
         path = v.get(key) and os.path.expanduser(v[key])
         if path and not os.path.isfile(path) and not special_file(path):  # a FIFO or device: resolve says so
             problems.append(f"--{key}: {v[key]} {not_a_file(path)}; give {what}")
+    if v.get("output") and v.get("prompt") is None:  # not one of the run's inputs, nor inside one
+        inputs = local_inputs(dict(v), options_for(SPEC))
+        problems += output_file_problems("--output", v["output"], bool(v.get("overwrite")), inputs)
     return problems
 
 

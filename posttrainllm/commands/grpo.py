@@ -9,7 +9,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import CommandSpec, default_reference
+from posttrainllm.commands import POST_TRAINING_SETUP
+from posttrainllm.spec import CommandSpec, default_reference
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -91,6 +92,7 @@ def completion_steps(cfg: RunConfig, n_train: int | None) -> str:
 
 SPEC = CommandSpec(
     name="grpo",
+    setup=POST_TRAINING_SETUP,
     help="Online RL with TRL's GRPOTrainer: sample completions of your prompts, score them with rewards (regex, "
     "exact match or --reward-fn), learn from each group's relative rewards.",
     trainer="trl:GRPOTrainer",
@@ -106,10 +108,3 @@ SPEC = CommandSpec(
     rows=lambda cfg: {"GRPO": online_row(cfg)},
     steps=completion_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from posttrainllm.commands import POST_TRAINING_SETUP
 from posttrainllm.commands.dpo import positive_beta
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.commands.spec import CommandSpec, default_reference, num_proc
+from posttrainllm.spec import CommandSpec, default_reference, num_proc
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -35,6 +36,7 @@ def _rows(cfg: RunConfig) -> dict[str, str | None]:
 
 SPEC = CommandSpec(
     name="kto",
+    setup=POST_TRAINING_SETUP,
     help="Kahneman-Tversky optimisation with TRL's KTOTrainer (unpaired preference data: prompt, completion, label).",
     trainer="trl:KTOTrainer",
     trainer_config="trl:KTOConfig",
@@ -48,10 +50,3 @@ SPEC = CommandSpec(
     rows=_rows,
     steps=max_length_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

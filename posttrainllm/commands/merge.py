@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
 
 from posttrainllm import __version__
-from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.errors import ConfigErrors, ModelStructureError, UsageError, shorten
 from posttrainllm.reporting import banner
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

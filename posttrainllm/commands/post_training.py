@@ -1,7 +1,7 @@
 """The setup every post-training command shares (sft, dpo, kto, reward, grpo, rloo, distill, finetune): start from a
 model (a directory, a hub id or a GGUF file), fit the tokenizer, prepare the data of the command's shape, load the
 model (and the reference or teacher; the rewards), LoRA, plan. What differs is read off the command's spec
-(`ctx.spec`, posttrainllm/commands/spec.py)."""
+(`ctx.spec`, posttrainllm/spec.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import CommandSpec
 from posttrainllm.context import Context, Setup
 from posttrainllm.errors import UsageError
 from posttrainllm.planning import (
@@ -20,6 +19,7 @@ from posttrainllm.planning import (
     plan_param_groups,
 )
 from posttrainllm.reporting import banner
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -55,7 +55,7 @@ def setup(ctx: Context) -> Setup:
         prepared = vision_data.prepare(cfg, tokenizer, spec.data)
     else:
         starting = _starting_model(cfg, model_path, ctx.precision, model_args, tokenizer)
-        prepared = pipeline.prepare(cfg, tokenizer, spec.data, *starting)
+        prepared = pipeline.prepare(cfg, tokenizer, spec.data, *starting, reader=spec.prepare)
     if spec.rewards:
         check_reward_columns(prepared, cfg.reward_match)
     if spec.samples:

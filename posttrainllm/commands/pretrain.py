@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
-    from posttrainllm.config.runconfig import RunConfig
     from posttrainllm.context import Context, Setup
 
 SPEC = CommandSpec(
     name="pretrain",
+    setup="posttrainllm.commands.pretrain:setup",
     help="Pre-train a small model from scratch (preset config + a byte-level BPE tokenizer trained on the corpus).",
     trainer="transformers:Trainer",
     trainer_config="transformers:TrainingArguments",
@@ -23,12 +23,6 @@ SPEC = CommandSpec(
     lr=5e-4,
     max_length=256,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-
-    lifecycle.run(cfg, SPEC, setup)
 
 
 def setup(ctx: Context) -> Setup:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrainllm.bundled import BUNDLED_DIR, bundled_recipes
-from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.config.bundled import BUNDLED_DIR, bundled_recipes
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

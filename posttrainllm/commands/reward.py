@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from posttrainllm.commands import POST_TRAINING_SETUP
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.commands.spec import CommandSpec, num_proc
+from posttrainllm.spec import CommandSpec, num_proc
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -28,6 +29,7 @@ def _rows(cfg: RunConfig) -> dict[str, str | None]:
 
 SPEC = CommandSpec(
     name="reward",
+    setup=POST_TRAINING_SETUP,
     help="Train a reward model with TRL's RewardTrainer: a score head on the model, learnt from preference pairs "
     "(the data of dpo).",
     trainer="trl:RewardTrainer",
@@ -40,10 +42,3 @@ SPEC = CommandSpec(
     rows=_rows,
     steps=max_length_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

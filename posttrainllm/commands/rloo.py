@@ -12,7 +12,7 @@ from posttrainllm.commands.grpo import SPEC as GRPO
 from posttrainllm.commands.grpo import online_row
 
 if TYPE_CHECKING:
-    from posttrainllm.config.runconfig import RunConfig
+    pass
 
 SPEC = dataclasses.replace(
     GRPO,
@@ -23,10 +23,3 @@ SPEC = dataclasses.replace(
     defaults={"beta": 0.05, "temperature": 1.0},  # TRL's defaults
     rows=lambda cfg: {"RLOO": online_row(cfg)},
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

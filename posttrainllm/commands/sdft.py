@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from posttrainllm.commands import POST_TRAINING_SETUP
 from posttrainllm.commands.grpo import SAMPLING_OWNED
-from posttrainllm.commands.spec import CommandSpec
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -78,6 +79,9 @@ def _steps(cfg: RunConfig, n_train: int | None) -> str:
 
 SPEC = CommandSpec(
     name="sdft",
+    setup=POST_TRAINING_SETUP,
+    sweep=True,
+    method="SDFT",
     help="Self-distillation fine-tuning with TRL's SDFTTrainer: the model completes your prompts and learns what it "
     "says with each demonstration in view (prompt/completion, Alpaca or chat rows).",
     trainer="trl.experimental.sdft:SDFTTrainer",
@@ -85,6 +89,8 @@ SPEC = CommandSpec(
     trainer_fields=_fields,
     owned_fields=OWNED,
     data="demonstrations",
+    prepare="posttrainllm.data.demonstrations:prepare",
+    trainer_mixins=("posttrainllm.training.teacher_state:MovingTeacherMixin",),
     samples=True,
     lr=1e-5,
     defaults={"beta": 1.0, "temperature": 1.0},
@@ -92,10 +98,3 @@ SPEC = CommandSpec(
     rows=_rows,
     steps=_steps,
 )
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-    from posttrainllm.commands import post_training
-
-    lifecycle.run(cfg, SPEC, post_training.setup)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import CommandSpec, num_proc
+from posttrainllm.spec import CommandSpec, num_proc
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
@@ -56,6 +56,8 @@ def _packing_is_padding_free(command: str, v: Mapping[str, Any]) -> list[str]:
 
 SPEC = CommandSpec(
     name="sft",
+    setup="posttrainllm.commands.sft:setup",
+    sweep=True,
     help="Supervised fine-tuning with TRL's SFTTrainer (Alpaca, messages, ShareGPT, prompt/completion or text data).",
     trainer="trl:SFTTrainer",
     trainer_config="trl:SFTConfig",
@@ -88,9 +90,3 @@ def setup(ctx: Context) -> Setup:
     s.info = info if "batches" in info else {**info, "batches": row}
     s.resolved.update(record)
     return s
-
-
-def main(cfg: RunConfig) -> None:
-    from posttrainllm import lifecycle
-
-    lifecycle.run(cfg, SPEC, setup)

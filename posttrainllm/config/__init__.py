@@ -12,16 +12,13 @@ recipe key, wrong type, value out of range) is collected and reported at once, b
 """
 
 from posttrainllm.config.checks import (
-    ALL_COMMANDS,
     LLRD_BARE,
     LLRD_MAX,
     LLRD_MIN,
     LLRD_RANGE,
-    POST_TRAINING,
     PRECISIONS,
     REPORT_TO,
     SCHEDULERS,
-    TRAINING,
 )
 from posttrainllm.config.coerce import convert, quote
 from posttrainllm.config.opt import Opt
@@ -32,19 +29,16 @@ from posttrainllm.config.runconfig import RunConfig
 from posttrainllm.refs import special_file
 
 __all__ = [
-    "ALL_COMMANDS",
     "EXTRA_OPTIONS",
     "LLRD_BARE",
     "LLRD_MAX",
     "LLRD_MIN",
     "LLRD_RANGE",
     "OPTIONS",
-    "POST_TRAINING",
     "PRECISIONS",
     "RECIPE_KEYS",
     "REPORT_TO",
     "SCHEDULERS",
-    "TRAINING",
     "Opt",
     "RunConfig",
     "convert",

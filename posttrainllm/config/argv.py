@@ -9,36 +9,35 @@ nothing from the CLI. Imports no torch/transformers/Typer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from posttrainllm.config.options import EXTRA_OPTIONS, OPTIONS, options_for
+from posttrainllm.config.options import EVERY_OPTION, options_for
 from posttrainllm.config.resolve import resolve
 from posttrainllm.config.runconfig import RunConfig
 from posttrainllm.errors import UsageError
+from posttrainllm.spec import CommandSpec
 
 
-def flag_table(command: str) -> dict[str, Any]:
-    """Every flag `command` accepts (its deprecated names included) → its option."""
+def flag_table(spec: CommandSpec) -> dict[str, Any]:
+    """Every flag the command accepts (its deprecated names included) → its option."""
     table = {}
-    for o in options_for(command):
+    for o in options_for(spec):
         table[o.cli_flag] = o
         table.update(dict.fromkeys(o.deprecated_flags, o))
     return table
 
 
-def commands_taking(flag: str) -> list[str]:
-    """The commands that have an option `flag` (its name or an older name), in the order of the option table."""
-    found: dict[str, None] = {}
-    for o in (*OPTIONS, *EXTRA_OPTIONS.values()):
-        if flag == o.cli_flag or flag in o.deprecated_flags:
-            found.update(dict.fromkeys(o.commands))
-    return list(found)
+def commands_taking(flag: str, specs: Mapping[str, CommandSpec]) -> list[str]:
+    """The commands among `specs` that have an option `flag` (its name or an older name), in the order of `specs`."""
+    named = [o for o in EVERY_OPTION if flag == o.cli_flag or flag in o.deprecated_flags]
+    return [name for name, s in specs.items() if any(o.commands(s) for o in named)]
 
 
-def not_an_option(command: str, flag: str) -> str | None:
+def not_an_option(command: str, flag: str, specs: Mapping[str, CommandSpec]) -> str | None:
     """Why `command` refuses `flag` when other commands take it ("--kl-to-base is not an option of dpo (sft and
     finetune take it); ..."); None when no command takes it, or `command` does."""
-    others = commands_taking(flag)
+    others = commands_taking(flag, specs)
     if not others or command in others:
         return None
     takers = ", ".join(others[:-1]) + f" and {others[-1]}" if len(others) > 1 else others[0]
@@ -48,10 +47,10 @@ def not_an_option(command: str, flag: str) -> str | None:
     )
 
 
-def with_bare_values(command: str, args: list[str]) -> list[str]:
+def with_bare_values(spec: CommandSpec, args: list[str]) -> list[str]:
     """`args` with each bare flag (followed by nothing or by another `--option`) given its bare value, and each
     deprecated flag written as its option's flag."""
-    table = flag_table(command)
+    table = flag_table(spec)
     out = []
     for i, tok in enumerate(args):
         o = table.get(tok)
@@ -67,11 +66,12 @@ def with_bare_values(command: str, args: list[str]) -> list[str]:
     return out
 
 
-def parse(command: str, args: list[str]) -> dict[str, Any]:
+def parse(spec: CommandSpec, args: list[str], specs: Mapping[str, CommandSpec]) -> dict[str, Any]:
     """The raw values of `args` by option name (strings, True for a flag, lists for repeatable options); a
-    UsageError for an unknown option, a missing value or an extra argument."""
-    table = flag_table(command)
-    args = with_bare_values(command, args)
+    UsageError for an unknown option (naming the commands among `specs` that take it), a missing value or an extra
+    argument."""
+    table = flag_table(spec)
+    args = with_bare_values(spec, args)
     values: dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -80,7 +80,7 @@ def parse(command: str, args: list[str]) -> dict[str, Any]:
         o = table.get(name)
         if o is None:
             what = f"No such option: {name}" if tok.startswith("-") else f"Got unexpected extra argument ({tok})"
-            raise UsageError((not_an_option(command, name) if tok.startswith("--") else None) or what)
+            raise UsageError((not_an_option(spec.name, name, specs) if tok.startswith("--") else None) or what)
         if o.type is bool:
             if eq:
                 raise UsageError(f"Option '{name}' does not take a value.")
@@ -101,6 +101,6 @@ def parse(command: str, args: list[str]) -> dict[str, Any]:
     return values
 
 
-def to_config(command: str, args: list[str]) -> RunConfig:
+def to_config(spec: CommandSpec, args: list[str], specs: Mapping[str, CommandSpec]) -> RunConfig:
     """`posttrainllm COMMAND ARGS...` resolved as the CLI would (ConfigErrors listing every problem)."""
-    return resolve(command, parse(command, args), argv=[command, *args])
+    return resolve(spec, parse(spec, args, specs), argv=[spec.name, *args])

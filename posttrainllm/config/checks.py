@@ -10,17 +10,6 @@ from collections.abc import Callable
 from posttrainllm.errors import shorten
 from posttrainllm.rewards import pattern_problem, spec_problem
 
-ONLINE_RL = ("grpo", "rloo")  # learn from completions the model samples and rewards score
-SAMPLING = ONLINE_RL + ("distill", "sdft")  # train on completions the model samples during training
-POST_TRAINING = ("sft", "dpo", "kto", "reward", "finetune") + SAMPLING  # start from a model
-LANGUAGE_MODELS = tuple(c for c in POST_TRAINING if c != "reward")  # train a causal LM (reward: a scorer)
-OFFLINE_DATA = ("sft", "dpo", "kto", "reward", "finetune", "pretrain")  # train on the dataset's own text
-TRAINING = POST_TRAINING + ("pretrain",)  # every command that trains
-ALL_COMMANDS = (
-    "pretrain", "sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "sdft", "eval", "generate",
-    "demo", "merge", "recipes",
-)  # fmt: skip
-
 LLRD_MIN, LLRD_MAX = 0.5, 1.0
 LLRD_BARE = 0.95  # value of a bare `--llrd` (no number)
 LLRD_RANGE = f"[{LLRD_MIN}, {LLRD_MAX}]"

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from posttrainllm.config.opt import CODE, Opt
-from posttrainllm.config.options import options_for
+from posttrainllm.config.options import by_name
 from posttrainllm.errors import shorten
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig
 
 
-def input_options(command: str) -> list[Opt]:
-    """The options of `command` that name something the run reads."""
-    return [o for o in options_for(command) if o.input]
-
-
-def input_names(command: str) -> tuple[str, ...]:
-    return tuple(o.name for o in input_options(command))
+def input_options(names: Iterable[str] | None = None, opts: Iterable[Opt] | None = None) -> list[Opt]:
+    """The options that name something the run reads: among `opts` (a command's own definitions) when given, else
+    among the first definitions of `names` (a training command's options: RunConfig.names), else of every option."""
+    if opts is None:
+        table = by_name()
+        opts = table.values() if names is None else [table[n] for n in names if n in table]
+    return [o for o in opts if o.input]
 
 
 def code_file(spec: str) -> str | None:
@@ -68,12 +69,15 @@ def local_path(opt: Opt, entry: str) -> str | None:
         return None
 
 
-def local_inputs(values: RunConfig | dict, command: str | None = None) -> list[tuple[str, str]]:
+def local_inputs(values: RunConfig | dict, opts: Iterable[Opt] | None = None) -> list[tuple[str, str]]:
     """(label, path) for every local file or directory the run reads: the label is the flag and the value as given
-    (`--teacher runs/prev`), the path what it reads on disk. `values`: a RunConfig, or a mapping of option values."""
+    (`--teacher runs/prev`), the path what it reads on disk. `values`: a RunConfig, or a mapping of option values;
+    `opts`: the command's option definitions (merge's `--tuned` is its `model`), else the first definition of each
+    option `values` holds."""
     found = []
     get = values.get if isinstance(values, dict) else lambda name: getattr(values, name, None)
-    for o in input_options(command or get("command")):
+    names = list(values) if isinstance(values, dict) else getattr(values, "names", None)
+    for o in input_options(names, opts):
         for entry in entries(get(o.name)):
             path = local_path(o, entry)
             if path is not None:
@@ -90,7 +94,7 @@ def inside(path: str, folder: str) -> bool:
     return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
 
 
-def eval_cache_problems(values: dict) -> list[str]:
+def eval_cache_problems(values: dict, opts: Iterable[Opt] | None = None) -> list[str]:
     """--eval-cache names a folder (created when missing) that is none of the run's inputs and lies inside none: the
     cache writes there, and a base or data set written into would no longer be what the run read."""
     cache = values.get("eval_cache")
@@ -99,7 +103,7 @@ def eval_cache_problems(values: dict) -> list[str]:
     path = os.path.expanduser(str(cache))
     if os.path.lexists(path) and not os.path.isdir(path):
         return [f"--eval-cache {shorten(str(cache))} is not a folder: name a folder (it is created when missing)"]
-    for label, source in local_inputs(values):
+    for label, source in local_inputs(values, opts):
         if inside(path, source):
             return [
                 f"--eval-cache {shorten(str(cache))} is inside {shorten(label, 120)}: the cache would write into "

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from posttrainllm.spec import Family
+
 PATH, CODE = "path", "code"  # the kinds of Opt.input
 
 
@@ -20,7 +22,7 @@ class Opt:
     type: type  # float, int, str, bool, list, dict (repeatable KEY=VALUE on the command line, a mapping in recipes)
     default: Any
     help: str
-    commands: tuple[str, ...]
+    commands: Family  # the commands that take it, as a test over their specs (posttrainllm/spec.py)
     check: Callable[[Any], str | None] | None = None
     metavar: str | None = None
     flag: str | None = None

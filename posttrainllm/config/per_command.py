@@ -1,12 +1,18 @@
-"""The defaults that depend on the command, read off the command specs (posttrainllm/commands/), and their help
-text: what `--lr`, `--max-length`, `--beta` and `--temperature` say about their defaults is written from the specs,
-never by hand. Imports no torch/transformers."""
+"""The defaults that depend on the command, read off the command specs the CLI hands over, and their help text:
+what `--lr`, `--max-length`, `--beta` and `--temperature` say about their defaults is written from the specs, never
+by hand. Imports no torch/transformers, and nothing from posttrainllm/commands/.
+
+`specs`: every command's spec by name, in the order `posttrainllm --help` lists them (posttrainllm/commands/
+registry.py's SPECS)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from posttrainllm.commands.registry import SPECS
+from posttrainllm.spec import CommandSpec
+
+Specs = Mapping[str, CommandSpec]
 
 
 def _number(v: Any) -> str:
@@ -25,22 +31,8 @@ def listing(values: dict[str, Any]) -> str:
     return ", ".join(f"{value} {'/'.join(commands)}" for value, commands in groups.items())
 
 
-def default_lrs() -> dict[str, float]:
-    return {name: s.lr for name, s in SPECS.items() if s.lr is not None}
-
-
-def default_max_lengths() -> dict[str, int]:
-    return {name: s.max_length for name, s in SPECS.items() if s.max_length is not None}
-
-
-def option_defaults(option: str) -> dict[str, Any]:
-    """command -> its default of `option`, for the commands whose spec sets one (e.g. beta)."""
-    return {name: s.defaults[option] for name, s in SPECS.items() if option in s.defaults}
-
-
-def default_of(command: str, option: str) -> Any:
+def default_of(spec: CommandSpec, option: str) -> Any:
     """The command's default of an option whose default depends on the command (None: none)."""
-    spec = SPECS[command]
     if option == "lr":
         return spec.lr
     if option == "max_length":
@@ -48,18 +40,13 @@ def default_of(command: str, option: str) -> Any:
     return spec.defaults.get(option)
 
 
-def defaults_help(option: str) -> str:
+def defaults_help(option: str, specs: Specs) -> str:
     """`Default: 2e-5 sft/finetune, 5e-7 dpo/kto, ...` for an option whose default depends on the command."""
-    if option == "lr":
-        values: dict[str, Any] = default_lrs()
-    elif option == "max_length":
-        values = default_max_lengths()
-    else:
-        values = option_defaults(option)
+    values = {name: v for name, s in specs.items() if (v := default_of(s, option)) is not None}
     return f"Default: {listing(values)}."
 
 
-def full_help(opt) -> str:
+def full_help(opt, specs: Specs) -> str:
     """An option's help as shown (`--help`, docs/options.md): its text, then, for an option whose default depends
     on the command (`Opt.defaults_from`), those defaults from the specs."""
-    return f"{opt.help} {defaults_help(opt.defaults_from)}" if opt.defaults_from else opt.help
+    return f"{opt.help} {defaults_help(opt.defaults_from, specs)}" if opt.defaults_from else opt.help

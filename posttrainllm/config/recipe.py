@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.bundled import BUNDLED_DIR, bundled_recipes
+from posttrainllm.config.bundled import BUNDLED_DIR, bundled_recipes
 from posttrainllm.config.coerce import quote
 from posttrainllm.errors import UsageError, shorten
 from posttrainllm.refs import special_file

@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posttrainllm.commands.registry import spec_of
 from posttrainllm.config.coerce import option_value, quote
-from posttrainllm.config.inputs import entries, eval_cache_problems, input_options, local_inputs, output_file_problems
+from posttrainllm.config.inputs import entries, eval_cache_problems, input_options
 from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.config.options import RECIPE_KEYS, options_for
 from posttrainllm.config.per_command import default_of
@@ -17,6 +16,7 @@ from posttrainllm.config.recipe import load_recipe
 from posttrainllm.config.runconfig import RunConfig
 from posttrainllm.errors import ConfigErrors, shorten
 from posttrainllm.refs import looks_local, special_file
+from posttrainllm.spec import CommandSpec
 
 
 def _defaults(opts: dict[str, Opt]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -99,20 +99,21 @@ def _checked(opts: dict[str, Opt], values: dict, sources: dict) -> list[str]:
     return problems
 
 
-def _command_defaults(command: str, values: dict) -> None:
+def _command_defaults(spec: CommandSpec, values: dict) -> None:
     """The defaults that depend on the command (its spec's LR, max length, β...; the output directory)."""
-    spec = spec_of(command)
     for name in values:
-        if values[name] is None and (default := default_of(command, name)) is not None:
+        if values[name] is None and (default := default_of(spec, name)) is not None:
             values[name] = default
     source = values.get("dataset" if spec.from_scratch else "model")
     if spec.trains and not values.get("output_dir") and source:
-        values["output_dir"] = default_output_dir(command, source)
+        values["output_dir"] = default_output_dir(spec, source)
 
 
-def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = None) -> RunConfig:
-    """defaults < recipe < command line; validate everything; raise ConfigErrors listing all problems."""
-    opts = {o.name: o for o in options_for(command)}
+def resolve(spec: CommandSpec, cli_values: dict[str, Any], argv: list[str] | None = None) -> RunConfig:
+    """defaults < recipe < command line for the command `spec` describes (the CLI hands it over); validate
+    everything; raise ConfigErrors listing all problems."""
+    command = spec.name
+    opts = {o.name: o for o in options_for(spec)}
     values, sources = _defaults(opts)
     problems: list[str] = []
     if cli_values.get("recipe"):
@@ -120,23 +121,24 @@ def resolve(command: str, cli_values: dict[str, Any], argv: list[str] | None = N
     problems += _apply_cli(cli_values, opts, values, sources)
     problems += _recipe_code(cli_values.get("recipe"), values, sources)
     problems += _checked(opts, values, sources)
-    _command_defaults(command, values)
-    problems += _cross_checks(command, values)
+    _command_defaults(spec, values)
+    problems += _cross_checks(spec, values, list(opts.values()))
     if problems:
         raise ConfigErrors(problems)
     return RunConfig(command=command, sources=sources, argv=list(argv or [command]), names=tuple(opts), **values)
 
 
-def default_output_dir(command: str, source: str) -> str:
+def default_output_dir(spec: CommandSpec, source: str) -> str:
     """runs/sft-Qwen2.5-0.5B for `sft --model Qwen/Qwen2.5-0.5B`; runs/pretrain-corpus for `pretrain --dataset
     corpus.txt`."""
     name = Path(source.rstrip("/\\")).name or "model"
-    if spec_of(command).from_scratch:  # a corpus file: its name without the extension
+    if spec.from_scratch:  # a corpus file: its name without the extension
         name = Path(name).stem
-    return str(Path("runs") / f"{command}-{name}")
+    return str(Path("runs") / f"{spec.name}-{name}")
 
 
-def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
+def _cross_checks(spec: CommandSpec, v: dict[str, Any], opts: list[Opt]) -> list[str]:
+    command = spec.name
     problems = []
     if v.get("resume") and v.get("overwrite"):
         problems.append("--resume and --overwrite contradict each other: pick one")
@@ -149,7 +151,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
         problems.append(
             "--llrd-freeze-below is above --llrd-min-scale: with the clamp nothing is below it; set one of them"
         )
-    problems += _replay_checks(command, v)
+    problems += _replay_checks(spec, v)
     if v.get("eval_dataset") and v.get("eval_split"):
         problems.append("give either --eval-dataset or --eval-split, not both")
     if v.get("streaming") and (v.get("max_steps") or -1) <= 0:
@@ -159,16 +161,16 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
             problems.append(f"--{key.replace('_', '-')} needs --lora-r")
     if v.get("loraplus_ratio", 1.0) != 1.0 and not v.get("lora_r"):
         problems.append("--loraplus-ratio needs --lora-r (LoRA+ scales the LoRA B matrices)")
-    for check in spec_of(command).checks:  # the command's own cross-checks (its spec)
+    for check in spec.checks:  # the command's own cross-checks (its spec)
         problems += check(command, v)
-    problems += eval_cache_problems({**v, "command": command})
+    problems += eval_cache_problems(v, opts)
     measured = v.get("ood_eval") or v.get("forgetting_probe")  # what a budget is on: held-out text, or the probe
-    if v.get("max_forgetting") is not None and command != "merge" and not measured:
+    if v.get("max_forgetting") is not None and spec.trains and not measured:
         problems.append(
             "--max-forgetting needs --ood-eval FILE (the held-out perplexity change) or the forgetting probe "
             "(--forgetting-probe N > 0: the perplexity change of the starting model's own samples)"
         )
-    if v.get("max_forgetting") is not None and command != "merge" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if v.get("max_forgetting") is not None and spec.trains and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         problems.append(
             "--max-forgetting merges the trained weights in place on one process, not across several: train, then "
             "run posttrainllm merge --max-forgetting PCT on the result"
@@ -178,9 +180,6 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
             "--max-forgetting merges the trained weights toward the starting ones, which LoRA does not train: "
             "merge the adapter with posttrainllm merge --max-forgetting PCT"
         )
-    if command == "generate" and v.get("output") and v.get("prompt") is None:  # needs the option table's inputs
-        inputs = local_inputs({**v, "command": command})
-        problems += output_file_problems("--output", v["output"], bool(v.get("overwrite")), inputs)
     for key in (
         "dataset",
         "eval_dataset",
@@ -196,7 +195,7 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
             problems.append(f"--{key.replace('_', '-')}: {shorten(path)} does not exist")
     # inputs that are read (every option the table marks as a path): a FIFO, socket or device would block forever or
     # never end, so refuse before opening
-    for o in input_options(command):
+    for o in input_options(opts=opts):
         for path in entries(v.get(o.name)) if o.input == PATH else []:
             kind = special_file(path)
             if kind:
@@ -207,12 +206,16 @@ def _cross_checks(command: str, v: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _replay_checks(command: str, v: dict[str, Any]) -> list[str]:
+_PAIRED = {"preference": "preference pairs (prompt, chosen, rejected)", "unpaired": "labelled completions"}
+
+
+def _replay_checks(spec: CommandSpec, v: dict[str, Any]) -> list[str]:
     """--replay-dataset / --self-replay N: one replay pool, mixed in at --replay-ratio > 0, for sft and finetune."""
     problems = []
     n = v.get("self_replay") or 0
-    if n and command in ("dpo", "kto"):
-        what = "preference pairs (prompt, chosen, rejected)" if command == "dpo" else "labelled completions"
+    command = spec.name
+    if n and spec.data in _PAIRED:
+        what = _PAIRED[spec.data]
         problems.append(
             f"--self-replay is for sft and finetune: {command} trains on {what}, and a sample of the model is "
             "plain text with no preference to learn; mix replay into an sft or finetune stage, or anchor "
@@ -231,5 +234,5 @@ def _replay_checks(command: str, v: dict[str, Any]) -> list[str]:
     elif n:  # no more samples than the run trains on (the sweep's cells are resolved here too)
         from posttrainllm.data.self_replay import count_problems
 
-        problems += count_problems(v, blocks=spec_of(command).data == "text")
+        problems += count_problems(v, blocks=spec.data == "text")
     return problems

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrainllm.config.opt import Opt
-from posttrainllm.config.options import EXTRA_OPTIONS, OPTIONS
+from posttrainllm.config.options import EXTRA_OPTIONS, OPTIONS, by_name
 
 TARGET = Path(__file__).with_name("runconfig.py")
 
@@ -57,10 +57,7 @@ _TAIL = '''
 
 def options() -> dict[str, Opt]:
     """Each field's option: the first definition of a name in the table (EXTRA_OPTIONS redefine a few per command)."""
-    seen: dict[str, Opt] = {}
-    for o in (*OPTIONS, *EXTRA_OPTIONS.values()):
-        seen.setdefault(o.name, o)
-    return seen
+    return by_name()
 
 
 def annotation(o: Opt) -> str:
@@ -95,7 +92,7 @@ def default(o: Opt) -> str:
 
 def render() -> str:
     fields = [f"    {name}: {annotation(o)} = {default(o)}" for name, o in options().items()]
-    keys = {o.name: o.recipe_key for o in (*OPTIONS, *EXTRA_OPTIONS.values()) if o.recipe_key != o.name}
+    keys = {o.name: o.recipe_key for o in (*OPTIONS, *EXTRA_OPTIONS) if o.recipe_key != o.name}
     head = _HEAD.replace(
         "\n\n\n@dataclass",
         f"\n_RECORD_KEYS = {json.dumps(keys)}  # field -> recipe key, where they differ\n\n\n@dataclass",

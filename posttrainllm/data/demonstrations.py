@@ -17,10 +17,13 @@ DataError that says what sdft reads.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError
 from .prepare import PreparedData
+
+if TYPE_CHECKING:
+    from posttrainllm.config.runconfig import RunConfig
 
 ACCEPTS = "prompt/completion, alpaca (instruction, input, output), messages or sharegpt rows"
 
@@ -68,3 +71,11 @@ def to_demonstrations(prepared: PreparedData) -> PreparedData:
     prepared.train = convert(prepared.train, prepared.source)
     prepared.eval = convert(prepared.eval, prepared.eval_source or prepared.source)
     return prepared
+
+
+def prepare(cfg: RunConfig, tokenizer, options: dict[str, Any]) -> PreparedData:
+    """sdft's data (its spec's `prepare`): the dataset read as sft's rows, then each as a prompt and its
+    demonstration."""
+    from .prepare import prepare_sft
+
+    return to_demonstrations(prepare_sft(cfg.dataset, tokenizer, **options))

@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from posttrainllm.data import self_replay
+from posttrainllm.spec import load
 
 if TYPE_CHECKING:
-    from posttrainllm.commands.spec import DataShape
     from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.spec import DataShape
 
 
 def _stream_rows(cfg: RunConfig) -> int | None:
@@ -36,20 +37,25 @@ def data_options(cfg: RunConfig) -> dict:
 
 
 def prepare(
-    cfg: RunConfig, tokenizer, shape: DataShape, starting_model: Callable[[], Any] | None = None, model_identity=None
+    cfg: RunConfig,
+    tokenizer,
+    shape: DataShape,
+    starting_model: Callable[[], Any] | None = None,
+    model_identity=None,
+    *,
+    reader: str | None = None,
 ):
-    """A post-training command's data, of its spec's `shape` (posttrainllm/commands/spec.py: sft rows, preference
-    pairs, unpaired labelled completions, prompts, or raw text), replay mixed in (--replay-dataset, or --self-replay's
-    samples of `starting_model()`, a loader of the model training starts from), then (sft) the loss mask."""
+    """A post-training command's data, of its spec's `shape` (posttrainllm/spec.py: sft rows, preference
+    pairs, unpaired labelled completions, prompts, or raw text; or, read by `reader`, its spec's `prepare`, a shape
+    of the command's own), replay mixed in (--replay-dataset, or --self-replay's samples of `starting_model()`, a
+    loader of the model training starts from), then (sft) the loss mask."""
     from posttrainllm import data
 
     common = data_options(cfg)
-    if shape == "sft":
+    if reader is not None:
+        prepared = load(reader)(cfg, tokenizer, common)
+    elif shape == "sft":
         prepared = data.prepare_sft(cfg.dataset, tokenizer, max_length=cfg.max_length, **common)
-    elif shape == "demonstrations":  # sft's rows, as a prompt and the demonstration the teacher sees beside it
-        from posttrainllm.data.demonstrations import to_demonstrations
-
-        prepared = to_demonstrations(data.prepare_sft(cfg.dataset, tokenizer, **common))
     elif shape == "preference":
         prepared = data.prepare_dpo(cfg.dataset, tokenizer, **common)
     elif shape == "unpaired":

@@ -29,7 +29,6 @@ import math
 import os
 from pathlib import Path
 
-from posttrainllm.config.checks import ALL_COMMANDS
 from posttrainllm.config.inputs import code_file, entries, input_options
 from posttrainllm.config.opt import CODE
 from posttrainllm.rundir.layout import CKPT_DIR, OWN_RECORDS, sha256
@@ -68,11 +67,10 @@ _SAMPLES, _SAMPLE_BYTES = 16, 1 << 16  # a big file in a directory: 16 blocks of
 _HEADER_LIMIT = 16 << 20  # a safetensors header (names, dtypes, shapes, offsets) is read whole up to this size
 
 
-def input_kinds(command: str | None) -> dict[str, str]:
-    """The input options of `command` (option name -> Opt.input kind), from the option table; of every command when
-    the record names none."""
-    commands = [command] if command in ALL_COMMANDS else ALL_COMMANDS
-    return {o.name: o.input for c in commands for o in input_options(c)}
+def input_kinds() -> dict[str, str]:
+    """The input options (option name -> Opt.input kind), from the option table: a name reads the same kind of input
+    in every command that has it (tests/unit/config/test_config.py checks), so a record needs no command's list."""
+    return {o.name: o.input for o in input_options() if o.input}
 
 
 def identity(kind: str | None, value):
@@ -173,7 +171,7 @@ def _sampled_sha256(path: Path, size: int) -> str:
 
 def resolved_record(cfg_dict: dict, gamma: float | None = None, num_blocks: int | None = None) -> dict:
     """What run_config.json records under "resolved": the γ used, the block count and each input's identity."""
-    kinds = input_kinds(cfg_dict.get("command"))
+    kinds = input_kinds()
     rec: dict = {
         "inputs": {k: identity(kind, cfg_dict[k]) for k, kind in kinds.items() if cfg_dict.get(k) and k not in FREE}
     }
@@ -221,7 +219,7 @@ def differences(saved: dict, current: dict, *, include_free: bool = False) -> li
     run's options; the `FREE` ones only with include_free."""
     diffs: list[tuple[str, str, str]] = []
     saved_res = saved.get(RESOLVED) if isinstance(saved.get(RESOLVED), dict) else {}
-    kinds = input_kinds(current.get("command"))
+    kinds = input_kinds()
     for k in dict.fromkeys([*saved, *current]):
         if k in _NOT_COMPARED or k in GAMMA_KEYS or (k in FREE and not include_free):
             continue

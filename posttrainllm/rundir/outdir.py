@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posttrainllm.config.checks import TRAINING
 from posttrainllm.config.inputs import inside, local_inputs
 from posttrainllm.errors import UsageError, shorten
 from posttrainllm.rundir import checkpoints
@@ -92,7 +91,15 @@ def made_by_posttrainllm(out: Path) -> bool:
             saved = json.loads(f.read(_RECORD_LIMIT + 1)[:_RECORD_LIMIT] or b"null")
     except (OSError, ValueError):
         return False
-    return isinstance(saved, dict) and saved.get("command") in TRAINING
+    return isinstance(saved, dict) and saved.get("command") in RECORDING_COMMANDS
+
+
+# the commands whose runs write run_config.json (those that train, through posttrainllm/lifecycle.py): a record that
+# names another is not ours. A record names its command by name, so this is the one list of names outside the specs;
+# tests/unit/config/test_command_spec.py checks it is exactly the specs that train.
+RECORDING_COMMANDS = frozenset(
+    {"pretrain", "sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "sdft"}
+)
 
 
 def _is_ours(out: Path, name: str, listed: set[str], run: bool = True) -> bool:

@@ -9,12 +9,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posttrainllm.config.argv import not_an_option, to_config
+from posttrainllm.commands.registry import SPECS, not_an_option, options_for, to_config
 from posttrainllm.errors import ConfigErrors, PosttrainError, UsageError
 
-SWEEP_COMMANDS = ("sft", "sdft", "dpo", "finetune")
-METHOD_OF_COMMAND = {"sdft": "SDFT"}  # a command whose training is a forgetting method of its own, by its label
-LOSS_TYPE_COMMANDS = ("sft",)  # --loss-type is an axis (nll, dft) where it names sft's loss; dpo's passes through
+SWEEP_COMMANDS = tuple(name for name, s in SPECS.items() if s.sweep)  # the specs that say so (sft, sdft, dpo...)
+# a command whose training is a forgetting method of its own, by its frontier label (its spec's `method`)
+METHOD_OF_COMMAND = {name: s.method for name, s in SPECS.items() if s.method}
+# --loss-type is an axis (nll, dft) where it names sft's loss (the option sft_loss_type); dpo's passes through
+LOSS_TYPE_COMMANDS = tuple(name for name in SWEEP_COMMANDS if any(o.name == "sft_loss_type" for o in options_for(name)))
 NEAR_BEST = 0.01  # "within 1% of the best eval loss"
 EVAL_CACHE_FLAG = "--eval-cache"  # set by the sweep for its cells and merges; not part of a cell's identity
 

@@ -21,7 +21,7 @@ import json
 import shutil
 from pathlib import Path
 
-from posttrainllm.config.argv import to_config
+from posttrainllm.commands.registry import to_config
 from posttrainllm.errors import PosttrainError
 from posttrainllm.rundir.fingerprint import identity, input_kinds
 from posttrainllm.rundir.layout import checkpoint_dirs, own, sha256, write_json
@@ -61,7 +61,7 @@ def cell_inputs(command: str, argv: list[str], memo: dict) -> dict:
     except PosttrainError:  # not a valid cell: it fails when run, and is never found done
         return {"unreadable": True}
     found = {}
-    for name, kind in input_kinds(command).items():
+    for name, kind in input_kinds().items():
         if name in NOT_COMPARED or not values.get(name):
             continue
         key = json.dumps([kind, values[name]], default=str)

@@ -8,7 +8,6 @@ from posttrainllm.training.args import (
     check_trainer_args,
     common_args,
     make_config,
-    refresh_config,
     trainer_config,
 )
 from posttrainllm.training.builder import build_trainer, steps_row, total_steps, trainer_class
@@ -29,7 +28,6 @@ __all__ = [
     "log_line",
     "make_config",
     "quiet_progress_bars",
-    "refresh_config",
     "steps_row",
     "total_steps",
     "trainer_class",

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import load
 from posttrainllm.config.coerce import check_keyed
 from posttrainllm.errors import UsageError
+from posttrainllm.spec import load
 from posttrainllm.training.progress import interactive
 
 if TYPE_CHECKING:
-    from posttrainllm.commands.spec import CommandSpec
     from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.spec import CommandSpec
 
 
 def check_optim_name(name: str) -> None:
@@ -152,36 +152,32 @@ def _field_types(cls) -> dict[str, Any]:
 
 
 def trainer_config(
-    spec: CommandSpec, cfg: RunConfig, precision: str, *, has_eval: bool, extra: dict[str, Any] | None = None
+    spec: CommandSpec,
+    cfg: RunConfig,
+    precision: str,
+    *,
+    has_eval: bool,
+    extra: dict[str, Any] | None = None,
+    loss=None,
 ):
     """The SFTConfig / DPOConfig / TrainingArguments of a run: posttrainllm's settings, the command's own fields (its
-    spec's `trainer_fields`), then the user's --trainer-arg values (`extra`: already checked; checked here when
-    None); every argument must exist in the installed version. A run builds it once (posttrainllm/lifecycle.py)."""
+    spec's `trainer_fields`), the user's --trainer-arg values (`extra`: already checked; checked here when None),
+    then, for SFT data, what the loss falls on (`loss`: the data's LossMask, data.apply_loss_mask); every argument
+    must exist in the installed version. A run builds it once, from the config its setup settled
+    (posttrainllm/lifecycle.py): nothing is patched into it afterwards."""
     args = common_args(cfg, precision, has_eval=has_eval)
     if spec.trainer_fields is not None:
         args.update(spec.trainer_fields(cfg))
     if extra is None:
         extra = check_trainer_args(spec, cfg.trainer_args or {})
+    settled = {}
+    if loss is not None:
+        settled["assistant_only_loss"] = loss.assistant_only_loss
+        if loss.completion_only_loss is not None:
+            settled["completion_only_loss"] = loss.completion_only_loss
     try:
-        return make_config(config_class(spec), **{**args, **extra})
+        return make_config(config_class(spec), **{**args, **extra, **settled})
     except (ValueError, TypeError) as e:
         if not extra:
             raise
         raise UsageError(f"--trainer-arg {', '.join(extra)}: {str(e).splitlines()[0][:300]}") from None
-
-
-def refresh_config(conf, spec: CommandSpec, built_from: RunConfig, now: RunConfig, *, loss=None):
-    """The run's trainer config, brought up to date with what the setup settled after it was built: the command's
-    fields that the setup's config changed (e.g. --max-length clamped to the model's positions) and, for SFT data,
-    what the loss falls on (`loss`: the data's LossMask, data.apply_loss_mask). Set in place: the config is built
-    once."""
-    if spec.trainer_fields is not None and now is not built_from:
-        before = spec.trainer_fields(built_from)
-        for name, value in spec.trainer_fields(now).items():
-            if before.get(name) != value:
-                setattr(conf, name, value)
-    if loss is not None:
-        conf.assistant_only_loss = loss.assistant_only_loss
-        if loss.completion_only_loss is not None:
-            conf.completion_only_loss = loss.completion_only_loss
-    return conf

@@ -7,9 +7,9 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands.spec import load
 from posttrainllm.errors import DataError
 from posttrainllm.planning import length_advice
+from posttrainllm.spec import load
 from posttrainllm.training.args import trainer_config
 from posttrainllm.training.kl_to_base import KLToBaseMixin, kl_to_base_kwargs
 from posttrainllm.training.mixins import (
@@ -21,24 +21,23 @@ from posttrainllm.training.mixins import (
 )
 from posttrainllm.training.padding_free import PaddingFreeMixin
 from posttrainllm.training.progress import _log_callbacks, interactive
-from posttrainllm.training.teacher_state import MovingTeacherMixin
 
 if TYPE_CHECKING:
-    from posttrainllm.commands.spec import CommandSpec
     from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.spec import CommandSpec
 
 
 @functools.cache
-def trainer_class(base: type, samples: bool, anchored: bool) -> type:
+def trainer_class(base: type, samples: bool, anchored: bool, *own: type) -> type:
     """`base` (a transformers/TRL trainer class) with posttrainllm's mixins in front: FSDP2 on CPU, the divergence
     guard, the plan's groups through create_optimizer, (`anchored`: --kl-to-base) the KL anchor's loss,
-    (`samples`: TRL's RepeatSampler) the resumed order, and (SFTTrainer) padding-free batches where exact. One class
-    per trainer class; the plan and the anchor's base are constructor arguments (`llrd_plan=`, `kl_base=`), never part
-    of the class."""
+    (`samples`: TRL's RepeatSampler) the resumed order, (SFTTrainer) padding-free batches where exact, and the
+    command's own mixins (`own`: its spec's `trainer_mixins`, e.g. sdft's moving teacher). One class per trainer class;
+    the plan and the anchor's base are constructor arguments (`llrd_plan=`, `kl_base=`), never part of the class."""
     mixins: tuple[type, ...] = (EngineMixin, DivergenceGuardMixin, LLRDMixin) + ((KLToBaseMixin,) if anchored else ())
     mixins += (ResumedOrderMixin,) if samples else ()
     mixins += (PaddingFreeMixin,) if _is_sft(base) else ()
-    mixins += (MovingTeacherMixin,) if hasattr(base, "_setup_teacher_model") else ()  # sdft: a teacher that trains
+    mixins += own
 
     class Trainer(*mixins, base):  # type: ignore[misc]
         pass
@@ -79,7 +78,7 @@ def build_trainer(
     if spec.collator is not None:
         common["data_collator"] = load(spec.collator)
     kl = kl_to_base_kwargs(cfg, trainer_models.pop("kl_base", None))  # {} at β = 0: no mixin, the plain trainer
-    cls = trainer_class(load(spec.trainer), spec.samples, bool(kl))
+    cls = trainer_class(load(spec.trainer), spec.samples, bool(kl), *(load(m) for m in spec.trainer_mixins))
     trainer = cls(model=model, llrd_plan=plan, **trainer_models, **kl, **common)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

@@ -15,8 +15,8 @@ from posttrainllm.rundir import checkpoints, signals
 from posttrainllm.rundir.layout import is_rank0
 
 if TYPE_CHECKING:
-    from posttrainllm.commands.spec import CommandSpec
     from posttrainllm.config.runconfig import RunConfig
+    from posttrainllm.spec import CommandSpec
 
 
 def ood_eval(model, tokenizer, cfg: RunConfig, reference=None) -> dict:

@@ -8,7 +8,7 @@ from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
-from posttrainllm.config import resolve
+from posttrainllm.commands.registry import resolve
 
 runner = CliRunner()
 BASE = ["--model", "m", "--dataset", "d.jsonl", "--output-dir", "out"]
@@ -47,7 +47,7 @@ def test_pretrain_takes_llrd_and_still_reads_its_deprecated_name(tmp_path):
     are still read (hidden from the help)."""
     (tmp_path / "c.txt").write_text("some text\n")
     base = {"dataset": str(tmp_path / "c.txt"), "output_dir": str(tmp_path / "o")}
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import to_config
 
     assert to_config("pretrain", ["--dataset", base["dataset"], "--llrd", "0.8"]).llrd == 0.8
     assert to_config("pretrain", ["--dataset", base["dataset"], "--lr-layer-decay", "0.7"]).llrd == 0.7
@@ -80,9 +80,9 @@ def test_llrd_absent_is_flat():
 )
 def test_bare_and_valued_llrd_reach_the_config(argv, expected, monkeypatch):
     seen = {}
-    import posttrainllm.commands.sft as sft
+    from posttrainllm import lifecycle
 
-    monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(lifecycle, "main", lambda cfg, spec: seen.setdefault("cfg", cfg))
     r = runner.invoke(app, cli_args("sft", "org/model", "org/data", "o", *argv))
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == expected
@@ -193,7 +193,7 @@ def test_run_config_fields_match_the_option_table():
     from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig
 
     fields = {f.name for f in dataclasses.fields(RunConfig)} - {"command", "sources", "argv", "names"}
-    names = {o.name for o in OPTIONS} | {o.name for o in EXTRA_OPTIONS.values()}
+    names = {o.name for o in OPTIONS} | {o.name for o in EXTRA_OPTIONS}
     assert fields == names
     cfg = RunConfig(command="sft")
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -201,7 +201,7 @@ def test_run_config_fields_match_the_option_table():
 
 
 def test_pretrain_layer_decay_is_one_internal_name():
-    from posttrainllm.config import resolve
+    from posttrainllm.commands.registry import resolve
 
     cfg = resolve("pretrain", {"dataset": "org/corpus", "llrd": "0.8"})
     assert cfg.llrd == 0.8 and cfg.to_dict()["llrd"] == 0.8 and "lr_layer_decay" not in cfg.to_dict()
@@ -210,7 +210,7 @@ def test_pretrain_layer_decay_is_one_internal_name():
 @pytest.mark.parametrize(
     "command, flag, takers",
     [("dpo", "--kl-to-base", "sft and finetune"), ("merge", "--replay-dataset", "sft and finetune"),
-     ("eval", "--self-replay", "sft, finetune, dpo and kto")],
+     ("eval", "--self-replay", "sft, dpo, kto and finetune")],
 )  # fmt: skip
 def test_an_option_of_other_commands_is_named_as_theirs(command, flag, takers):
     """An option the command does not take but others do: exit 2 naming the commands that take it."""

@@ -14,7 +14,7 @@ from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
-from posttrainllm.config.argv import to_config
+from posttrainllm.commands.registry import to_config
 from posttrainllm.config.checks import DPO_LOSS_TYPES
 from posttrainllm.errors import ConfigErrors
 
@@ -47,7 +47,7 @@ def test_loss_types_repeatable_and_comma_separated():
 
 
 def test_recipe_sets_the_losses(tmp_path):
-    from posttrainllm.config import resolve
+    from posttrainllm.commands.registry import resolve
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: org/m\ndataset: org/d\nloss_type: [ipo, sft]\nloss_weights: [1, 0.5]\n")

@@ -385,7 +385,7 @@ def test_an_adapter_as_base_is_refused(tmp_path, no_weights_read):
 
 
 def test_help_describes_every_option():
-    from posttrainllm.config import options_for
+    from posttrainllm.commands.registry import options_for
 
     r = runner.invoke(app, ["merge", "--help"], terminal_width=200)
     assert r.exit_code == 0

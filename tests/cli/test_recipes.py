@@ -10,7 +10,7 @@ from harness import cli_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
-from posttrainllm.config import options_for, resolve
+from posttrainllm.commands.registry import options_for, resolve
 from posttrainllm.config.recipe import BUNDLED_DIR, bundled_recipes
 
 runner = CliRunner()
@@ -105,9 +105,9 @@ def test_cli_llrd_overrides_recipe_llrd(tmp_path, monkeypatch):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: org/m\ndataset: org/d\noutput_dir: o\nllrd: 0.8\n")
     seen = {}
-    import posttrainllm.commands.sft as sft
+    from posttrainllm import lifecycle
 
-    monkeypatch.setattr(sft, "main", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(lifecycle, "main", lambda cfg, spec: seen.setdefault("cfg", cfg))
     r = runner.invoke(app, ["sft", "--recipe", str(recipe), "--llrd", "0.6"])
     assert r.exit_code == 0, r.output
     assert seen["cfg"].llrd == 0.6

@@ -9,7 +9,7 @@ from harness import run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
-from posttrainllm.config.options import options_for
+from posttrainllm.commands.registry import options_for
 from posttrainllm.config.runconfig import _SKIP_IN_RECORD
 from posttrainllm.rundir import fingerprint
 

@@ -115,7 +115,7 @@ def test_commands_without_it_refuse_loss_type_in_one_line(command, tiny_model_di
     r = runner.invoke(app, cli_args(command, tiny_model_dir, alpaca_file, tmp_path / "o", loss_type="dft"))
     assert r.exit_code == 2, r.output
     error = [line for line in r.output.splitlines() if "--loss-type" in line]
-    assert len(error) == 1 and f"not an option of {command} (dpo and sft take it)" in error[0], r.output
+    assert len(error) == 1 and f"not an option of {command} (sft and dpo take it)" in error[0], r.output
     assert not (tmp_path / "o").exists()
 
 

@@ -15,8 +15,7 @@ from harness import cli_args, run_args
 from typer.testing import CliRunner
 
 from posttrainllm.cli import app
-from posttrainllm.config.checks import TRAINING
-from posttrainllm.config.inputs import input_options
+from posttrainllm.commands.registry import SPECS, options_for
 from posttrainllm.config.opt import CODE, PATH
 
 runner = CliRunner()
@@ -86,6 +85,13 @@ def _inside_value(opt, run: Path) -> list[str]:
     target.write_text(json.dumps({"prompt": "a", "completion": "b", "text": "c", "chosen": "d", "rejected": "e"}))
     extra = ["--replay-ratio", "0.5"] if opt.name == "replay_dataset" else []
     return [opt.cli_flag, str(target), *extra]
+
+
+TRAINING = tuple(name for name, s in SPECS.items() if s.trains)
+
+
+def input_options(command: str) -> list:
+    return [o for o in options_for(command) if o.input]
 
 
 CASES = [(c, o.name) for c in TRAINING for o in input_options(c)]

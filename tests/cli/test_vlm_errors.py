@@ -132,7 +132,7 @@ def test_dpo_pairs_whose_answers_would_be_cut_exit_2(llava_dir, tmp_path, no_mod
 
 
 def test_rows_that_keep_part_of_their_answer_train_on_what_is_kept(llava_dir, tmp_path):
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import to_config
     from posttrainllm.models import load_processor
     from posttrainllm.vision import data as vision_data
 

@@ -53,7 +53,7 @@ def test_vision_flags_on_a_text_only_model_exit_2_in_one_line(tiny_model_dir, al
 
 
 def _config(tiny_model_dir, alpaca_file, tmp_path, *flags):
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import to_config
 
     args = cli_args("sft", tiny_model_dir, alpaca_file, tmp_path / "o", *flags, lr=BASE)[1:]
     return to_config("sft", args)

@@ -92,8 +92,7 @@ def test_the_teacher_is_in_no_optimizer_group(tiny_model_dir, teacher_dir, promp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posttrainllm import data as D
-    from posttrainllm.commands.registry import spec_of
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import spec_of, to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
 

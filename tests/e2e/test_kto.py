@@ -107,8 +107,7 @@ def test_optimizer_groups_follow_the_formula_and_hold_no_reference(tiny_model_di
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrainllm.commands.registry import spec_of
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import spec_of, to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
 

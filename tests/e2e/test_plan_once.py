@@ -188,8 +188,7 @@ def test_logged_learning_rate_is_the_base_lr_not_group_0s(tiny_model_dir, text_f
 
 @pytest.mark.parametrize("command", ["sft", "dpo", "kto", "reward", "grpo", "rloo", "distill", "finetune", "pretrain"])
 def test_every_trainer_argument_posttrainllm_sets_exists_in_the_installed_versions(command, tmp_path):
-    from posttrainllm.commands.registry import spec_of
-    from posttrainllm.config import resolve
+    from posttrainllm.commands.registry import resolve, spec_of
     from posttrainllm.training import trainer_config
 
     values = {

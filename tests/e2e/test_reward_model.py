@@ -55,8 +55,7 @@ def test_groups_follow_the_formula_with_the_score_head_at_the_base_lr(tiny_model
 
     from posttrainllm import data as D
     from posttrainllm import models
-    from posttrainllm.commands.registry import spec_of
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import spec_of, to_config
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer
 

@@ -321,7 +321,7 @@ def test_more_samples_than_the_steps_train_on_exit_2_naming_the_usable_maximum(
 
 
 def test_the_usable_maximum_itself_is_accepted(alpaca, tmp_path):
-    from posttrainllm.config.argv import to_config
+    from posttrainllm.commands.registry import to_config
     from posttrainllm.errors import ConfigErrors
 
     base = ["--model", "m", "--dataset", str(alpaca), "--output-dir", str(tmp_path / "o")]

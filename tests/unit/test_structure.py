@@ -155,6 +155,20 @@ def test_no_import_cycles_among_project_modules():
     assert cycles == [], f"import cycles among project modules: {cycles}"
 
 
+# the command level: the CLI, the commands, and the sweep (which runs commands); every other room is shared and gets
+# a command's spec handed in (posttrainllm/spec.py), never by importing posttrainllm/commands/
+COMMAND_LEVEL = ("posttrainllm.cli", "posttrainllm.__main__", "posttrainllm.commands", "posttrainllm.sweep")
+
+
+def test_the_shared_rooms_import_nothing_from_commands():
+    graph = import_graph()
+    level = tuple(p + "." for p in COMMAND_LEVEL)
+    shared = {m for m in graph if m not in COMMAND_LEVEL and not m.startswith(level)}
+    assert "posttrainllm.config.resolve" in shared and "posttrainllm.lifecycle" in shared
+    reaching = {m: sorted(d for d in deps if d.startswith("posttrainllm.commands")) for m, deps in graph.items()}
+    assert {m: d for m, d in reaching.items() if m in shared and d} == {}
+
+
 def test_the_checkout_holds_no_leftover_data_files():
     """b.jsonl / s.jsonl (32.8 MB of filler) once sat at the repository root, used by nothing."""
     root = PKG.parent

@@ -6,6 +6,7 @@ from posttrainllm.config.checks import (
     positive_int,
 )
 from posttrainllm.config.opt import PATH, Opt
+from posttrainllm.spec import own
 
 EVAL: tuple[Opt, ...] = (
     Opt(
@@ -13,7 +14,7 @@ EVAL: tuple[Opt, ...] = (
         type=list,
         default=[],
         help="Text file to measure perplexity on (repeatable).",
-        commands=("eval",),
+        commands=own("eval"),
         metavar="FILE",
         panel="Inputs",
         input=PATH,
@@ -24,7 +25,7 @@ EVAL: tuple[Opt, ...] = (
         default=None,
         help="Base model to compare with: adds the mean per-token KL(reference ‖ model) on each --text "
         "(a directory, .gguf file or hub id; same tokenizer).",
-        commands=("eval",),
+        commands=own("eval"),
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
         input=PATH,
@@ -33,8 +34,9 @@ EVAL: tuple[Opt, ...] = (
         name="sft_dataset",
         type=str,
         default=None,
-        help="Instruction set whose mean completion-token loss is reported.",
-        commands=("eval",),
+        help="Instruction set whose mean completion-token loss is reported: prompt/completion or Alpaca rows (the "
+        "completion scored), or conversations (messages, ShareGPT; the assistant turns scored, as sft trains them).",
+        commands=own("eval"),
         metavar="FILE",
         panel="Inputs",
         input=PATH,
@@ -44,7 +46,7 @@ EVAL: tuple[Opt, ...] = (
         type=bool,
         default=False,
         help="Print only a JSON object with the results.",
-        commands=("eval",),
+        commands=own("eval"),
         panel="Run",
         recipe=False,
     ),
@@ -53,9 +55,13 @@ EVAL: tuple[Opt, ...] = (
         type=int,
         default=8,
         help="Windows per forward pass.",
-        commands=("eval",),
+        commands=own("eval"),
         check=positive_int,
         metavar="N",
     ),
-    Opt(name="quick", type=bool, default=False, help="Smaller demo (about a minute).", commands=("demo",), panel="Run"),
+    Opt(
+        name="quick", type=bool, default=False, help="Smaller demo (about a minute).", commands=own("demo"), panel="Run"
+    ),
 )
+
+PANEL, ORDER = EVAL, 80  # this panel's options, and its place in the help (config/panels/__init__.py)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from posttrainllm.config.checks import ALL_COMMANDS, TRAINING
 from posttrainllm.config.opt import PATH, Opt
+from posttrainllm.spec import EVERY, TRAINING, own
 
 EVERYWHERE: tuple[Opt, ...] = (
     Opt(
@@ -12,7 +12,7 @@ EVERYWHERE: tuple[Opt, ...] = (
         default=None,
         help="YAML recipe: a file, or the name of a bundled recipe (`posttrainllm recipes` lists them); keys are these "
         "option names; command-line flags override it.",
-        commands=TRAINING + ("eval",),
+        commands=TRAINING | own("eval"),
         metavar="FILE|NAME",
         panel="Run",
         recipe=False,
@@ -23,8 +23,10 @@ EVERYWHERE: tuple[Opt, ...] = (
         type=bool,
         default=False,
         help="Show full tracebacks.",
-        commands=ALL_COMMANDS,
+        commands=EVERY,
         panel="Run",
         recipe=False,
     ),
 )
+
+PANEL, ORDER = EVERYWHERE, 100  # this panel's options, and its place in the help (config/panels/__init__.py)

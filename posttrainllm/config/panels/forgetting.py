@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    LANGUAGE_MODELS,
     fraction_below_one,
     non_negative,
     non_negative_int,
     positive_int,
 )
 from posttrainllm.config.opt import PATH, Opt
+from posttrainllm.spec import LANGUAGE_MODELS, LIKELIHOOD, OFFLINE_LM, own
 
 FORGETTING: tuple[Opt, ...] = (
     Opt(
@@ -61,7 +61,7 @@ FORGETTING: tuple[Opt, ...] = (
         "100 (exp(KL) - 1), i.e. KL(start ‖ tuned) ≤ ln(1 + PCT/100) per token. Not with --lora-r (merge the "
         "adapter with posttrainllm merge --max-forgetting). merge: the α of its one merged model, in place of "
         "--alpha (there --ood-eval is needed).",
-        commands=(*LANGUAGE_MODELS, "merge"),
+        commands=LANGUAGE_MODELS | own("merge"),
         check=non_negative,
         metavar="PCT",
         panel="Forgetting",
@@ -73,14 +73,14 @@ FORGETTING: tuple[Opt, ...] = (
         help="Put the SFT loss on every token: system and user turns and role "
         "headers of conversations, the prompt of prompt/completion rows "
         "(default: the assistant's words only).",
-        commands=("sft",),
+        commands=own("sft"),
     ),
     Opt(
         name="replay_dataset",
         type=str,
         default=None,
         help="Pre-training-style text mixed into the training data against forgetting.",
-        commands=("sft", "finetune"),
+        commands=LIKELIHOOD,
         metavar="FILE",
         panel="Forgetting",
         input=PATH,
@@ -90,7 +90,7 @@ FORGETTING: tuple[Opt, ...] = (
         type=float,
         default=0.0,
         help="Fraction of training rows taken from --replay-dataset or --self-replay's samples.",
-        commands=("sft", "finetune"),
+        commands=LIKELIHOOD,
         check=fraction_below_one,
         metavar="FRACTION",
         panel="Forgetting",
@@ -109,7 +109,7 @@ FORGETTING: tuple[Opt, ...] = (
         "only (dpo and kto exit 2: a sample has no preference to learn). Cost on SmolLM2-135M at --max-length "
         "192: about 2 s per sample on one CPU core, so N = 256 takes about 9 min on a 2-core CPU's one thread "
         "(measured at N = 32 and extrapolated; docs/performance.md).",
-        commands=("sft", "finetune", "dpo", "kto"),
+        commands=OFFLINE_LM,
         check=non_negative_int,
         metavar="N",
         panel="Forgetting",
@@ -120,7 +120,7 @@ FORGETTING: tuple[Opt, ...] = (
         default=16,
         help="Samples generated together by --self-replay (one model.generate call, KV cache on). Part of what the "
         "samples are: another batch size draws other samples from the same --seed.",
-        commands=("sft", "finetune"),
+        commands=LIKELIHOOD,
         check=positive_int,
         metavar="N",
         panel="Forgetting",
@@ -134,9 +134,11 @@ FORGETTING: tuple[Opt, ...] = (
         "more in memory), or with --lora-r the model with its adapters off (no copy); either way one extra "
         "forward per step. 0 (default): off. sft and finetune only (dpo's and kto's --beta already anchor to "
         "their reference).",
-        commands=("sft", "finetune"),
+        commands=LIKELIHOOD,
         check=non_negative,
         metavar="BETA",
         panel="Forgetting",
     ),
 )
+
+PANEL, ORDER = FORGETTING, 60  # this panel's options, and its place in the help (config/panels/__init__.py)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    SAMPLING,
     non_negative,
     one_of,
     positive_int,
     unit_interval,
 )
 from posttrainllm.config.opt import PATH, Opt
+from posttrainllm.spec import SAMPLING, own
 
 GENERATE: tuple[Opt, ...] = (
     Opt(
@@ -17,7 +17,7 @@ GENERATE: tuple[Opt, ...] = (
         type=str,
         default=None,
         help="Prompt to complete (printed to stdout).",
-        commands=("generate",),
+        commands=own("generate"),
         metavar="TEXT",
         panel="Inputs",
     ),
@@ -27,7 +27,7 @@ GENERATE: tuple[Opt, ...] = (
         default=None,
         help="File of prompts: one per line, or JSON Lines with prompt / messages / instruction (and images, for a "
         "vision-language model); writes JSON Lines.",
-        commands=("generate",),
+        commands=own("generate"),
         metavar="FILE",
         panel="Inputs",
         input=PATH,
@@ -37,7 +37,7 @@ GENERATE: tuple[Opt, ...] = (
         type=str,
         default=None,
         help="Image file for --prompt (a vision-language model): it goes before the prompt's text.",
-        commands=("generate",),
+        commands=own("generate"),
         metavar="FILE",
         panel="Inputs",
         input=PATH,
@@ -47,7 +47,7 @@ GENERATE: tuple[Opt, ...] = (
         type=str,
         default=None,
         help="System message put before the prompt.",
-        commands=("generate",),
+        commands=own("generate"),
         metavar="TEXT",
         panel="Inputs",
     ),
@@ -57,7 +57,7 @@ GENERATE: tuple[Opt, ...] = (
         default="auto",
         help="auto (the chat template when the tokenizer has one, else plain), "
         "chat, alpaca (the template sft uses for Alpaca data) or plain.",
-        commands=("generate",),
+        commands=own("generate"),
         check=one_of(("auto", "chat", "alpaca", "plain")),
         metavar="FORMAT",
     ),
@@ -66,7 +66,7 @@ GENERATE: tuple[Opt, ...] = (
         type=int,
         default=128,
         help="Most tokens to generate per prompt.",
-        commands=("generate",),
+        commands=own("generate"),
         check=positive_int,
         metavar="N",
     ),
@@ -77,7 +77,7 @@ GENERATE: tuple[Opt, ...] = (
         help="Sampling temperature (0 = greedy; grpo, rloo and distill sample completions to learn from, and "
         "distill also softens both distributions by it).",
         defaults_from="temperature",
-        commands=("generate",) + SAMPLING,
+        commands=own("generate") | SAMPLING,
         check=non_negative,
         metavar="T",
     ),
@@ -86,7 +86,7 @@ GENERATE: tuple[Opt, ...] = (
         type=float,
         default=1.0,
         help="Nucleus sampling: keep the smallest token set with this much probability.",
-        commands=("generate",),
+        commands=own("generate"),
         check=unit_interval,
         metavar="P",
     ),
@@ -95,8 +95,10 @@ GENERATE: tuple[Opt, ...] = (
         type=str,
         default=None,
         help="With --prompts: write the JSON Lines here instead of stdout.",
-        commands=("generate",),
+        commands=own("generate"),
         metavar="FILE",
         panel="Run",
     ),
 )
+
+PANEL, ORDER = GENERATE, 90  # this panel's options, and its place in the help (config/panels/__init__.py)

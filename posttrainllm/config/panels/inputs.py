@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    OFFLINE_DATA,
-    POST_TRAINING,
-    TRAINING,
     fraction_below_one,
     positive_int,
     seed_range,
 )
 from posttrainllm.config.opt import PATH, Opt
+from posttrainllm.spec import FROM_SCRATCH, OFFLINE_DATA, POST_TRAINING, REFERENCE_MODEL, TEACHER, TRAINING, own
 
 INPUTS: tuple[Opt, ...] = (
     Opt(
@@ -112,7 +110,7 @@ INPUTS: tuple[Opt, ...] = (
         type=str,
         default=None,
         help="DPO / KTO reference model: a local directory, GGUF file or hub id (default: a frozen copy of --model).",
-        commands=("dpo", "kto"),
+        commands=REFERENCE_MODEL,
         metavar="PATH_OR_HUB_ID",
         panel="Inputs",
         input=PATH,
@@ -122,7 +120,7 @@ INPUTS: tuple[Opt, ...] = (
         type=str,
         default=None,
         help="Teacher model for distill: a local directory, hub id or GGUF file, with the student's vocabulary.",
-        commands=("distill",),
+        commands=TEACHER,
         metavar="PATH_OR_HUB_ID",
         required=True,
         panel="Inputs",
@@ -133,7 +131,7 @@ INPUTS: tuple[Opt, ...] = (
         type=str,
         default="small",
         help="Preset (tiny, small, base) or a config.json path for the from-scratch model.",
-        commands=("pretrain",),
+        commands=FROM_SCRATCH,
         metavar="PRESET_OR_PATH",
         panel="Inputs",
         input=PATH,
@@ -143,7 +141,7 @@ INPUTS: tuple[Opt, ...] = (
         type=int,
         default=4096,
         help="Vocabulary size of the byte-level BPE tokenizer trained on the corpus.",
-        commands=("pretrain",),
+        commands=FROM_SCRATCH,
         check=positive_int,
         metavar="N",
         panel="Inputs",
@@ -153,7 +151,7 @@ INPUTS: tuple[Opt, ...] = (
         type=bool,
         default=False,
         help="Allow model repositories to run their own Python code (off by default).",
-        commands=POST_TRAINING + ("eval", "generate"),
+        commands=POST_TRAINING | own("eval") | own("generate"),
         panel="Inputs",
     ),
     Opt(
@@ -166,3 +164,5 @@ INPUTS: tuple[Opt, ...] = (
         panel="Inputs",
     ),
 )
+
+PANEL, ORDER = INPUTS, 10  # this panel's options, and its place in the help (config/panels/__init__.py)

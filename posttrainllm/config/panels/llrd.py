@@ -9,8 +9,6 @@ from posttrainllm.config.checks import (
     LLRD_MAX,
     LLRD_MIN,
     LLRD_RANGE,
-    POST_TRAINING,
-    TRAINING,
     bottom_scale,
     llrd_range,
     lr_factor,
@@ -21,6 +19,7 @@ from posttrainllm.config.checks import (
 )
 from posttrainllm.config.opt import Opt
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
+from posttrainllm.spec import POST_TRAINING, TRAINING
 
 
 def vision_llrd_range(v):
@@ -162,3 +161,5 @@ LLRD: tuple[Opt, ...] = (
         panel="Layer-wise LR decay",
     ),
 )
+
+PANEL, ORDER = LLRD, 20  # this panel's options, and its place in the help (config/panels/__init__.py)

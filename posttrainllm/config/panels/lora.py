@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    POST_TRAINING,
     fraction_below_one,
     positive,
     positive_int,
 )
 from posttrainllm.config.opt import Opt
+from posttrainllm.spec import POST_TRAINING
 
 LORA: tuple[Opt, ...] = (
     Opt(
@@ -51,3 +51,5 @@ LORA: tuple[Opt, ...] = (
         panel="LoRA",
     ),
 )
+
+PANEL, ORDER = LORA, 50  # this panel's options, and its place in the help (config/panels/__init__.py)

@@ -13,9 +13,10 @@ from posttrainllm.config.checks import (
 )
 from posttrainllm.config.opt import PATH, Opt
 from posttrainllm.constants import DEFAULT_TIED_POLICY, TIED_POLICIES
+from posttrainllm.spec import own
 
 MERGE_SCHEDULES = ("geometric", "linear", "uniform")
-_CMD = ("merge",)
+_CMD = own("merge")
 _PANEL = "Merge"
 
 MERGE: tuple[Opt, ...] = (
@@ -223,3 +224,5 @@ MERGE: tuple[Opt, ...] = (
         recipe=False,
     ),
 )
+
+PANEL, ORDER = MERGE, 110  # this panel's options, and its place in the help (config/panels/__init__.py)

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from posttrainllm.config.checks import (
     DPO_LOSS_TYPES,
-    OFFLINE_DATA,
-    ONLINE_RL,
-    POST_TRAINING,
     PRECISIONS,
     REPORT_TO,
     SCHEDULERS,
     SFT_LOSS_TYPES,
-    TRAINING,
     fraction_below_one,
     non_negative,
     one_of,
@@ -21,6 +17,7 @@ from posttrainllm.config.checks import (
     steps,
 )
 from posttrainllm.config.opt import Opt
+from posttrainllm.spec import BETA, OFFLINE_DATA, POST_TRAINING, TRAINING, own
 
 OPTIMISATION: tuple[Opt, ...] = (
     Opt(
@@ -111,7 +108,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         default=None,
         help="Maximum sequence length in tokens.",
         defaults_from="max_length",
-        commands=OFFLINE_DATA + ("eval",),
+        commands=OFFLINE_DATA | own("eval"),
         check=positive_int,
         metavar="N",
     ),
@@ -120,7 +117,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         type=int,
         default=42,
         help="Random seed (0 to 2**32 - 1).",
-        commands=TRAINING + ("generate",),
+        commands=TRAINING | own("generate"),
         check=seed_range,
         metavar="N",
     ),
@@ -131,7 +128,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         help="β, the strength of the KL penalty to the reference model (0: no reference model is kept; the defaults "
         "are TRL's). distill, sdft: the divergence, from 0 (forward KL) through 0.5 (JSD) to 1 (reverse KL).",
         defaults_from="beta",
-        commands=("dpo", "kto") + ONLINE_RL + ("distill", "sdft"),
+        commands=BETA,
         check=non_negative,
         metavar="FLOAT",
     ),
@@ -142,7 +139,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         help="DPO loss (TRL's loss_type): sigmoid (DPO), ipo, hinge, robust (label smoothing: --trainer-arg "
         "label_smoothing=0.1), apo_zero, sppo_hard, ... Several (repeatable or comma-separated, e.g. sigmoid,sft) "
         "are summed, weighted by --loss-weights.",
-        commands=("dpo",),
+        commands=own("dpo"),
         check=one_of(DPO_LOSS_TYPES),
         metavar="NAME",
         split=True,
@@ -156,7 +153,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         "Fine-Tuning (arXiv 2508.05629): each token's NLL weighted by its own probability (detached), mean over the "
         "same tokens. With --kl-to-base β: DFT + β × KL(base ‖ model), the ASFT form. The evaluation loss "
         "(eval_loss) is the same loss; --ood-eval's perplexity stays the plain one.",
-        commands=("sft",),
+        commands=own("sft"),
         check=one_of(SFT_LOSS_TYPES),
         metavar="NAME",
     ),
@@ -165,7 +162,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         type=list,
         default=None,
         help="Weights of the --loss-type losses, one per loss in the same order (e.g. 0.8,0.2; default: 1 each).",
-        commands=("dpo",),
+        commands=own("dpo"),
         check=non_negative,
         metavar="FLOAT",
         item=float,
@@ -179,7 +176,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         "AVX512-BF16/AMX, else fp32), fp32, bf16 (on CPU: autocast, fp32 weights) or fp16 (GPU). Held-out "
         "evaluation (--ood-eval, eval, merge) scores at the same precision; fp32 gives exact figures where two "
         "models differ very little (bf16 rounds the logits).",
-        commands=(*TRAINING, "eval", "merge"),
+        commands=TRAINING | own("eval") | own("merge"),
         check=one_of(PRECISIONS),
         metavar="NAME",
     ),
@@ -193,7 +190,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         "mask kept. An example longer than --max-length is truncated, as without packing. On a CPU use "
         "--batch-size 1 --grad-accum B: a batch of packed rows is one flattened sequence, whose attention costs "
         "more than the padding saved (docs/performance.md §7).",
-        commands=("sft",),
+        commands=own("sft"),
     ),
     Opt(
         name="padding_free",
@@ -207,7 +204,7 @@ OPTIMISATION: tuple[Opt, ...] = (
         "(the same rows and steps, no pad tokens). Where it is not verified exact (an attention other than sdpa "
         "or eager, a vision-language model, an architecture not tested, remote code), batches are padded and the "
         "banner's batches row says why (docs/performance.md §7). Recipe key: padding_free: false.",
-        commands=("sft",),
+        commands=own("sft"),
     ),
     Opt(
         name="report_to",
@@ -254,3 +251,5 @@ OPTIMISATION: tuple[Opt, ...] = (
         panel="Inputs",
     ),
 )
+
+PANEL, ORDER = OPTIMISATION, 30  # this panel's options, and its place in the help (config/panels/__init__.py)

@@ -4,8 +4,6 @@ distill)."""
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    ONLINE_RL,
-    SAMPLING,
     at_least_two,
     non_negative,
     positive_int,
@@ -13,6 +11,7 @@ from posttrainllm.config.checks import (
     reward_pattern,
 )
 from posttrainllm.config.opt import CODE, Opt
+from posttrainllm.spec import ONLINE_RL, SAMPLING
 
 ONLINE: tuple[Opt, ...] = (
     Opt(
@@ -103,3 +102,5 @@ ONLINE: tuple[Opt, ...] = (
         panel="Rewards",
     ),
 )
+
+PANEL, ORDER = ONLINE, 40  # this panel's options, and its place in the help (config/panels/__init__.py)

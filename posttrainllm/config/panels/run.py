@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from posttrainllm.config.checks import (
-    TRAINING,
     positive_int,
 )
 from posttrainllm.config.opt import Opt
+from posttrainllm.spec import TRAINING, own
 
 RUN_CONTROL: tuple[Opt, ...] = (
     Opt(
@@ -63,7 +63,7 @@ RUN_CONTROL: tuple[Opt, ...] = (
         default=False,
         help="Replace what is there: a non-empty --output-dir (its previous run is removed only once the new one is "
         "complete), or generate's existing --output file.",
-        commands=TRAINING + ("demo", "generate"),
+        commands=TRAINING | own("demo") | own("generate"),
         panel="Run",
     ),
     Opt(
@@ -83,3 +83,5 @@ RUN_CONTROL: tuple[Opt, ...] = (
         panel="Run",
     ),
 )
+
+PANEL, ORDER = RUN_CONTROL, 70  # this panel's options, and its place in the help (config/panels/__init__.py)

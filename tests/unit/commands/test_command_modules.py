@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from posttrainllm import cli
-from posttrainllm.commands import demo, spec
+from posttrainllm import cli, spec
+from posttrainllm.commands import demo
 from posttrainllm.commands.registry import SPECS, spec_of
 from posttrainllm.errors import BudgetNotMet, UsageError
 
@@ -27,7 +27,11 @@ def test_every_registered_spec_is_its_modules_spec_under_its_own_name():
     for name, s in SPECS.items():
         assert s.name == name and spec_of(name) is s
         assert _module(name).SPEC is s
-        assert callable(_module(name).main)
+        if s.trains:  # the shared main runs it: the module has no main, its spec names a setup that exists
+            assert not hasattr(_module(name), "main"), name
+            assert callable(spec.load(s.setup)), name
+        else:
+            assert callable(_module(name).main)
         assert s.help and "\n" not in s.help
 
 
@@ -47,9 +51,23 @@ def test_a_spec_names_its_classes_by_import_path_and_trains_only_with_a_trainer(
 def test_only_the_demo_runs_other_commands_and_its_main_takes_the_runner():
     assert [s.name for s in SPECS.values() if s.runs_commands] == ["demo"]
     assert list(inspect.signature(demo.main).parameters) == ["cfg", "run_command"]
-    for name in SPECS:
-        if name != "demo":
+    for name, s in SPECS.items():
+        if name != "demo" and not s.trains:
             assert list(inspect.signature(_module(name).main).parameters) == ["cfg"], name
+
+
+def test_every_training_command_runs_through_the_one_shared_main_with_its_specs_setup(monkeypatch):
+    from posttrainllm import lifecycle
+
+    calls = []
+    monkeypatch.setattr(lifecycle, "run", lambda cfg, s, setup: calls.append((cfg, s.name, setup)))
+    trainers = [name for name, s in SPECS.items() if s.trains]
+    for name in trainers:
+        cli._main_of(name)("CFG")
+    assert [(c, n) for c, n, _ in calls] == [("CFG", n) for n in trainers]
+    setups = {n: setup for _, n, setup in calls}
+    assert setups["sft"] is _module("sft").setup and setups["pretrain"] is _module("pretrain").setup
+    assert setups["dpo"] is setups["grpo"] is _module("post_training").setup
 
 
 def test_load_num_proc_and_default_reference():

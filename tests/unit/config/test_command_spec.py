@@ -68,11 +68,18 @@ def test_no_branch_on_the_command_outside_commands_and_config():
 
 
 def test_every_command_of_the_cli_has_a_spec_and_every_trainer_a_config_class():
-    from posttrainllm.commands.registry import SPECS
-    from posttrainllm.config.checks import ALL_COMMANDS, TRAINING
+    import typer
 
-    assert set(SPECS) == set(ALL_COMMANDS)
-    assert {name for name, s in SPECS.items() if s.trains} == set(TRAINING)
+    from posttrainllm.cli import app
+    from posttrainllm.commands.registry import SPECS
+    from posttrainllm.rundir.outdir import RECORDING_COMMANDS
+
+    group = typer.main.get_command(app)
+    assert set(SPECS) == set(group.commands) - {"sweep"}  # sweep runs the other commands: it has no spec
+    assert {name for name, s in SPECS.items() if s.trains} == RECORDING_COMMANDS  # the records' names (rundir/)
+    assert {name for name, s in SPECS.items() if s.trains} == {
+        "pretrain", "sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "sdft",
+    }  # fmt: skip
     for spec in SPECS.values():
         assert (spec.trainer is None) == (spec.trainer_config is None) == (spec.data is None), spec.name
 
@@ -84,14 +91,13 @@ def test_the_lr_help_lists_every_default_lr_of_the_specs():
     from posttrainllm.config.per_command import full_help
 
     lr = next(o for o in OPTIONS if o.name == "lr")
-    listed = full_help(lr).split("Default: ", 1)[1].rstrip(".").split(", ")
+    listed = full_help(lr, SPECS).split("Default: ", 1)[1].rstrip(".").split(", ")
     by_command = {c: value for value, commands in (x.split(" ") for x in listed) for c in commands.split("/")}
     assert {c: float(v) for c, v in by_command.items()} == {n: s.lr for n, s in SPECS.items() if s.lr is not None}
 
 
 def test_the_resolved_defaults_are_the_specs(tmp_path):
-    from posttrainllm.commands.registry import SPECS
-    from posttrainllm.config import resolve
+    from posttrainllm.commands.registry import SPECS, resolve
 
     for name in ("sft", "dpo", "distill", "rloo"):
         values = {"model": "org/m", "dataset": "org/d", "output_dir": str(tmp_path / name)}
@@ -132,11 +138,15 @@ def test_the_typed_runconfig_is_the_option_table():
         assert f.kw_only
 
 
-def test_the_runconfig_module_is_a_leaf():
-    tree = ast.parse((PKG / "config" / "runconfig.py").read_text(encoding="utf-8"))
+@pytest.mark.parametrize("leaf", ["config/runconfig.py", "spec.py"])
+def test_the_runconfig_and_spec_modules_are_leaves(leaf):
+    """The spec is what every room reads: it imports nothing of the project but the RunConfig type, itself a leaf
+    (TYPE_CHECKING blocks included)."""
+    tree = ast.parse((PKG / leaf).read_text(encoding="utf-8"))
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert not [m for m in imported if m and m.startswith("posttrainllm")]
+    allowed = {"posttrainllm.config.runconfig"} if leaf == "spec.py" else set()
+    assert not [m for m in imported if m and m.startswith("posttrainllm") and m not in allowed]
 
 
 def test_every_cfg_parameter_is_annotated_as_runconfig():
@@ -166,8 +176,7 @@ def test_the_plan_is_a_constructor_argument_not_a_class_attribute(tiny_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer
 
     from posttrainllm import data
-    from posttrainllm.commands.registry import spec_of
-    from posttrainllm.config import resolve
+    from posttrainllm.commands.registry import resolve, spec_of
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer, trainer_class
 
@@ -212,3 +221,46 @@ def test_a_run_builds_its_trainer_config_once_and_checks_trainer_args_once(
     assert r.exit_code == 0, r.output
     assert built == ["SFTConfig"]
     assert checked == ["--trainer-arg"]
+
+
+# the command families the option table names (posttrainllm/spec.py), as the sets of commands they stood for when
+# they were tuples of names: a spec field changed by mistake moves a command out of a family, and its options with it
+FAMILIES = {
+    "TRAINING": {"pretrain", "sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "sdft"},
+    "POST_TRAINING": {"sft", "dpo", "kto", "reward", "finetune", "grpo", "rloo", "distill", "sdft"},
+    "LANGUAGE_MODELS": {"sft", "dpo", "kto", "finetune", "grpo", "rloo", "distill", "sdft"},
+    "SAMPLING": {"grpo", "rloo", "distill", "sdft"},
+    "ONLINE_RL": {"grpo", "rloo"},
+    "OFFLINE_DATA": {"pretrain", "sft", "dpo", "kto", "reward", "finetune"},
+    "OFFLINE_LM": {"sft", "dpo", "kto", "finetune"},
+    "LIKELIHOOD": {"sft", "finetune"},
+    "BETA": {"dpo", "kto", "grpo", "rloo", "distill", "sdft"},
+    "REFERENCE_MODEL": {"dpo", "kto"},
+    "TEACHER": {"distill"},
+    "FROM_SCRATCH": {"pretrain"},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_command_family_is_the_set_of_commands_its_spec_fields_give(family):
+    from posttrainllm import spec
+    from posttrainllm.commands.registry import SPECS
+
+    test = getattr(spec, family)
+    assert {name for name, s in SPECS.items() if test(s)} == FAMILIES[family]
+
+
+def test_a_family_union_and_a_command_of_its_own():
+    from posttrainllm.commands.registry import SPECS
+    from posttrainllm.spec import TRAINING, own
+
+    both = TRAINING | own("eval")
+    assert {name for name, s in SPECS.items() if both(s)} == FAMILIES["TRAINING"] | {"eval"}
+    assert [name for name, s in SPECS.items() if own("merge")(s)] == ["merge"]
+
+
+def test_a_training_spec_without_a_setup_is_refused():
+    from posttrainllm.spec import CommandSpec
+
+    with pytest.raises(ValueError, match="names its setup"):
+        CommandSpec(name="x", help="x", trainer="trl:SFTTrainer", trainer_config="trl:SFTConfig", data="sft")

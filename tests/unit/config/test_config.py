@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig, convert, options_for
-from posttrainllm.config import doc as config_doc
+from posttrainllm.commands import options_page as config_doc
+from posttrainllm.commands.registry import options_for
+from posttrainllm.config import EXTRA_OPTIONS, OPTIONS, RunConfig, convert
 
 OPTIONS_PAGE = Path(__file__).resolve().parents[3] / config_doc.PAGE
 
@@ -19,7 +20,9 @@ OPTIONS_PAGE = Path(__file__).resolve().parents[3] / config_doc.PAGE
 def test_the_options_page_holds_the_generated_table():
     block = config_doc.generated_block(OPTIONS_PAGE.read_text(encoding="utf-8"))
     assert block is not None, f"{config_doc.PAGE} lost its options:start/options:end markers"
-    assert block == config_doc.block(), f"{config_doc.PAGE}'s option table is stale: python -m posttrainllm.config.doc"
+    assert block == config_doc.block(), (
+        f"{config_doc.PAGE}'s option table is stale: python -m posttrainllm.commands.options_page"
+    )
 
 
 def test_every_flag_of_every_command_is_in_the_options_table():
@@ -38,7 +41,7 @@ def test_every_flag_of_every_command_is_in_the_options_table():
 
 def test_run_config_is_typed_and_generated_from_the_table():
     hints = typing.get_type_hints(RunConfig)
-    names = {o.name for o in OPTIONS} | {o.name for o in EXTRA_OPTIONS.values()}
+    names = {o.name for o in OPTIONS} | {o.name for o in EXTRA_OPTIONS}
     assert names <= set(hints)
     # `X | None` where the option has no default of its own (the spec or the run supplies it), `X` where it has one
     assert hints["lr"] == float | None and hints["lr_groups"] == dict[str, float]
@@ -91,7 +94,7 @@ def test_the_enum_case_of_the_old_converter_had_one_branch():
 
 def test_every_help_that_lists_model_sources_names_gguf_files():
     """--model (of every command), --ref-model, --teacher and --reference accept a .gguf file: their help says so."""
-    every = (*EXTRA_OPTIONS.values(), *OPTIONS)
+    every = (*EXTRA_OPTIONS, *OPTIONS)
     listing = [o for o in every if "hub id" in o.help.lower() and "model" in o.help.lower()]
     assert {o.name for o in listing} >= {"model", "ref_model", "teacher", "reference"}
     for o in listing:

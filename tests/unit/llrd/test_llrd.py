@@ -542,7 +542,7 @@ def test_several_bad_arguments_are_reported_at_once_with_every_field():
 def test_the_cli_names_the_flag_from_the_errors_field_whatever_its_words(field, flag, monkeypatch):
     """A reworded library message (none of the words the CLI once looked for) still blames the right flag."""
     from posttrainllm import llrd, planning
-    from posttrainllm.config import resolve
+    from posttrainllm.commands.registry import resolve
     from posttrainllm.errors import UsageError
 
     def reworded(*a, **k):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BUNDLED_DIR = Path(__file__).resolve().parent / "recipes"
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "recipes"  # posttrainllm/recipes/
 
 
 def bundled_recipes() -> dict[str, Path]:
