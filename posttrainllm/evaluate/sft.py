@@ -21,38 +21,66 @@ def _alpaca_to_prompt_completion(ex: Mapping, where: str) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------------------------------- helpers
 
 
-def _example_prompt_completion(i: int, ex: Any) -> tuple[str, str]:
-    where = f"SFT example {i + 1}"
-    if not isinstance(ex, Mapping):
-        raise DataError(f"{where}: expected an object, got {type(ex).__name__}")
+def _conversation(ex: Mapping, where: str) -> list[dict] | None:
+    """The conversation an example holds, as sft reads it: `messages`, ShareGPT `conversations`, or prompt and
+    completion as message lists (the prompt's turns, then the completion's); None for string examples."""
+    from posttrainllm.data import convert_records
+
+    if "messages" in ex or "conversations" in ex:
+        return convert_records([dict(ex)], "messages" if "messages" in ex else "sharegpt", where)[0]["messages"]
+    if isinstance(ex.get("prompt"), list) or isinstance(ex.get("completion"), list):
+        row = convert_records([dict(ex)], "prompt_completion", where)[0]
+        return list(row["prompt"]) + list(row["completion"])
+    return None
+
+
+def _example_prompt_completion(ex: Mapping, where: str) -> tuple[str, str]:
     if "prompt" in ex and "completion" in ex:
         prompt, completion = ex["prompt"], ex["completion"]
     elif "instruction" in ex and "output" in ex:
         prompt, completion = _alpaca_to_prompt_completion(ex, where)
     else:
         raise DataError(
-            f"{where}: needs 'prompt' and 'completion' (or Alpaca 'instruction'/'input'/'output'), "
-            f"has keys {sorted(map(str, ex))}"
+            f"{where}: needs 'prompt' and 'completion', Alpaca 'instruction'/'input'/'output', or a conversation "
+            f"('messages' or ShareGPT 'conversations'); has keys {sorted(map(str, ex))}"
         )
     if not isinstance(prompt, str) or not isinstance(completion, str):
-        raise DataError(f"{where}: prompt and completion must be strings (conversational data is not supported)")
+        raise DataError(f"{where}: prompt and completion must both be strings or both be message lists")
     return prompt, completion
 
 
 def _sft_token_rows(
     tokenizer, examples: Sequence[Mapping], max_length: int, start: int = 0
-) -> list[tuple[list[int], int]]:
-    """(input_ids, number of prompt tokens) per example, truncated to max_length."""
+) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, scored mask) per example, truncated to max_length: a string example's completion (and EOS), a
+    conversation's assistant turns (the template's end-of-turn tokens included), as sft's loss falls on them."""
+    from posttrainllm.data import ensure_chat_template
+    from posttrainllm.data.chat import AssistantSpans
+
     eos = getattr(tokenizer, "eos_token_id", None)
-    rows = []
+    rows: list[tuple[list[int], list[int]]] = []
+    chats: list[tuple[int, list[dict], str]] = []  # (row, conversation, where): rendered together below
     for i, ex in enumerate(examples, start=start):
-        prompt, completion = _example_prompt_completion(i, ex)
+        where = f"SFT example {i + 1}"
+        if not isinstance(ex, Mapping):
+            raise DataError(f"{where}: expected an object, got {type(ex).__name__}")
+        conversation = _conversation(ex, where)
+        if conversation is not None:
+            chats.append((len(rows), conversation, where))
+            rows.append(([], []))
+            continue
+        prompt, completion = _example_prompt_completion(ex, where)
         prompt_ids = list(tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"])
         completion_ids = list(tokenizer(completion, add_special_tokens=False, verbose=False)["input_ids"])
         if eos is not None:
             completion_ids.append(int(eos))
-        ids = (prompt_ids + completion_ids)[:max_length]
-        rows.append((ids, min(len(prompt_ids), len(ids))))
+        ids = prompt_ids + completion_ids
+        rows.append((ids[:max_length], ([0] * len(prompt_ids) + [1] * len(completion_ids))[:max_length]))
+    if chats:
+        ensure_chat_template(tokenizer)  # as sft does for a tokenizer without one (its default ChatML template)
+        ids, masks = AssistantSpans(tokenizer).batch([c for _, c, _ in chats], [w for _, _, w in chats])
+        for (r, _, _), row_ids, mask in zip(chats, ids, masks):
+            rows[r] = (list(row_ids)[:max_length], list(mask)[:max_length])
     return rows
 
 
@@ -76,8 +104,11 @@ def sft_completion_loss(model, tokenizer, examples, max_length: int, *, batch_si
     Each example is tokenized as ``tokenizer(prompt)`` (with the tokenizer's own special tokens, e.g. BOS)
     + ``tokenizer(completion, add_special_tokens=False)`` + EOS (if the tokenizer has one), then truncated
     to ``max_length`` tokens (from the right: a completion cut away is simply not scored). Examples are
-    ``{"prompt", "completion"}`` or Alpaca ``{"instruction", "input", "output"}``: a list, or any iterable of
-    them (e.g. a ``datasets.Dataset``), read in chunks of 4096.
+    ``{"prompt", "completion"}`` or Alpaca ``{"instruction", "input", "output"}``; a conversation (``messages``,
+    ShareGPT ``conversations``, or prompt and completion as message lists) is rendered with the tokenizer's chat
+    template (the default ChatML one when it has none, as sft gives it) and scored on the assistant's turns, as sft
+    trains on them (``data.chat.AssistantSpans``). A list, or any iterable of them (e.g. a ``datasets.Dataset``),
+    read in chunks of 4096.
     Returns ``{"loss", "completion_tokens", "examples"}``. ``progress(advance)`` counts examples.
     """
     import torch
@@ -103,17 +134,17 @@ def sft_completion_loss(model, tokenizer, examples, max_length: int, *, batch_si
             order = sorted(range(len(rows)), key=lambda k: len(rows[k][0]))
             for b0 in range(0, len(order), batch_size):
                 idx = order[b0 : b0 + batch_size]
-                batch_rows = [rows[k] for k in idx if len(rows[k][0]) - rows[k][1] > 0 and len(rows[k][0]) >= 2]
+                batch_rows = [rows[k] for k in idx if any(rows[k][1][1:]) and len(rows[k][0]) >= 2]
                 if batch_rows:
                     width = max(len(ids) for ids, _ in batch_rows)
                     input_ids = torch.full((len(batch_rows), width), pad, dtype=torch.long)
                     attention = torch.zeros((len(batch_rows), width), dtype=torch.long)
                     labels = torch.full((len(batch_rows), width), -100, dtype=torch.long)
-                    for r, (ids, n_prompt) in enumerate(batch_rows):
+                    for r, (ids, mask) in enumerate(batch_rows):
                         t = torch.tensor(ids, dtype=torch.long)
                         input_ids[r, : len(ids)] = t
                         attention[r, : len(ids)] = 1
-                        labels[r, n_prompt : len(ids)] = t[n_prompt:]
+                        labels[r, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, -100)
                     input_ids, attention, labels = input_ids.to(device), attention.to(device), labels.to(device)
                     logits = model(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
                     for r in range(len(batch_rows)):

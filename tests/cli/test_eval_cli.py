@@ -53,6 +53,36 @@ def test_eval_json_matches_independent_perplexity(tiny_model_dir, text_file, alp
     assert sft["loss"] > 0 and sft["examples"] == 32
 
 
+def test_eval_scores_a_chat_set_on_its_assistant_turns(tiny_model_dir, tmp_path):
+    """`--sft-dataset` takes conversations as sft does (messages or ShareGPT lines): the assistant's turns are scored,
+    so a conversation and the same pair written as a conversational prompt/completion score the same."""
+    from posttrainllm.evaluate import sft_completion_loss
+
+    chats = [
+        [{"role": "user", "content": f"Count to {n}."}, {"role": "assistant", "content": " ".join(map(str, range(n)))}]
+        for n in (3, 5, 8)
+    ]
+    messages, pairs = tmp_path / "chat.jsonl", tmp_path / "pairs.jsonl"
+    messages.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    pairs.write_text("".join(json.dumps({"prompt": c[:1], "completion": c[1:]}) + "\n" for c in chats))
+    got = {}
+    for path in (messages, pairs):
+        args = cli_args("eval", tiny_model_dir, sft_dataset=path, max_length=128, json=True, precision="fp32")
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        got[path.name] = json.loads(r.stdout)["sft"]
+    assert got["chat.jsonl"]["examples"] == 3 and got["chat.jsonl"]["loss"] > 0
+    assert got["chat.jsonl"]["loss"] == pytest.approx(got["pairs.jsonl"]["loss"], rel=1e-5)
+    assert got["chat.jsonl"]["completion_tokens"] == got["pairs.jsonl"]["completion_tokens"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    want = sft_completion_loss(
+        model, AutoTokenizer.from_pretrained(tiny_model_dir), [{"messages": c} for c in chats], 128
+    )
+    assert got["chat.jsonl"]["loss"] == pytest.approx(want["loss"], rel=1e-4)
+
+
 def test_eval_needs_something_to_evaluate(tiny_model_dir):
     r = runner.invoke(app, ["eval", "--model", str(tiny_model_dir)])
     assert r.exit_code == 2 and "--text" in r.output

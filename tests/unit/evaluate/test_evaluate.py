@@ -301,6 +301,62 @@ def test_sft_alpaca_format(model, tokenizer):
     assert ev.sft_completion_loss(model, tokenizer, alpaca, 256, batch_size=2) == pytest.approx(want)
 
 
+CHATS = [
+    [{"role": "user", "content": "Name an animal."}, {"role": "assistant", "content": "A cat sat on the mat."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Summarize the text."},
+        {"role": "assistant", "content": "A short summary."},
+        {"role": "user", "content": "Shorter."},
+        {"role": "assistant", "content": "Summary."},
+    ],
+]
+
+
+def _chat_reference(model, tokenizer, chats):
+    """NLL of the assistant turns computed by hand: the conversation's tokens, and for each assistant turn the span
+    between the render of the turns before it (with the generation prompt) and the render through it."""
+
+    def ids_of(messages, generation):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for chat in chats:
+            full = ids_of(chat, False)
+            logits = model(torch.tensor([full])).logits[0].float()
+            for k, m in enumerate(chat):
+                if m["role"] != "assistant":
+                    continue
+                a, b = len(ids_of(chat[:k], True)), len(ids_of(chat[: k + 1], False))
+                total += F.cross_entropy(logits[a - 1 : b - 1], torch.tensor(full[a:b]), reduction="sum").item()
+                count += b - a
+    return total / count, count
+
+
+def test_sft_loss_of_conversations_is_on_the_assistants_turns(model, tokenizer):
+    import copy
+
+    from posttrainllm.data import ensure_chat_template
+
+    tok = copy.deepcopy(tokenizer)
+    ensure_chat_template(tok)  # what the evaluation gives a tokenizer without a template
+    want, n = _chat_reference(model, tok, CHATS)
+    for bs in (1, 2):
+        got = ev.sft_completion_loss(
+            model, copy.deepcopy(tokenizer), [{"messages": c} for c in CHATS], 256, batch_size=bs
+        )
+        assert got["loss"] == pytest.approx(want, rel=1e-5) and got["completion_tokens"] == n
+    # the same conversations as ShareGPT rows, and the first as a conversational prompt/completion pair
+    roles = {"system": "system", "user": "human", "assistant": "gpt"}
+    sharegpt = [{"conversations": [{"from": roles[m["role"]], "value": m["content"]} for m in c]} for c in CHATS]
+    assert ev.sft_completion_loss(model, copy.deepcopy(tokenizer), sharegpt, 256)["loss"] == pytest.approx(want)
+    pair = {"prompt": CHATS[0][:1], "completion": CHATS[0][1:]}
+    one, _ = _chat_reference(model, tok, CHATS[:1])
+    assert ev.sft_completion_loss(model, copy.deepcopy(tokenizer), [pair], 256)["loss"] == pytest.approx(one)
+
+
 def test_sft_errors(model, tokenizer):
     with pytest.raises(DataError, match="example 2"):
         ev.sft_completion_loss(model, tokenizer, [SFT_EXAMPLES[0], {"text": "x"}], 64)
