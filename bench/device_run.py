@@ -18,6 +18,10 @@ Two parts, each under its own time limit, so that a part that fails or runs out 
    code) for a few minutes, at a width the CPU cannot reach, then one `posttrainllm sweep sft` on Alpaca: flat at
    three LRs, layer decay, the KL anchor and merges back toward the base (uniform and depth-scaled), every point
    measured the same way (in-domain eval loss; held-out code, prose and Shakespeare perplexity and KL to the base).
+   Twice: on a llama-shaped base, then on a **Gemma-3-shaped stand-in** (Gemma-3-270M's body, 640 wide, 18 blocks
+   with every sixth one full attention and the rest sliding-window, tied embeddings; the vocabulary is the
+   pre-trained tokenizer's, since the real model's 230 MB GGUF cannot travel), so the method comparison is made on
+   both families' shapes in one run.
 
 Writes OUT/summary.json and OUT/summary.md (and each part's own files). Nothing is downloaded: the data is
 ../shared/data (or a copy next to OUT given by --shared), models are built from configs.
@@ -39,18 +43,21 @@ sys.path.insert(0, str(ROOT / "studies"))
 # (real, dry-run) sizes and limits
 SIZES = {
     "real": dict(
-        hidden=1536, blocks=16, batch=8, length=1024, steps=30, reps=2, precision="bf16", perf_timeout=150,
-        gemma_hidden=640, gemma_blocks=18, gemma_vocab=262_144, gemma_batch=8, gemma_steps=20, gemma_timeout=110,
+        hidden=1536, blocks=16, batch=8, length=1024, steps=30, reps=2, precision="bf16", perf_timeout=120,
+        gemma_hidden=640, gemma_blocks=18, gemma_vocab=262_144, gemma_batch=8, gemma_steps=20, gemma_timeout=100,
         pre_hidden=768, pre_blocks=12, pre_steps=1500, pre_batch=32, sft_steps=150, lrs="3e-5,1e-4,3e-4",
-        gammas="1.0,0.9", kls="0,0.1", merge_gammas="1.0,0.9", study_timeout=210, chars=400_000,
+        gammas="1.0,0.9", kls="0,0.1", merge_gammas="1.0,0.9", study_timeout=130, chars=400_000,
+        gemma_pre_hidden=640, gemma_pre_blocks=18, gemma_pre_steps=800, gemma_window=128, gemma_study_timeout=110,
     ),
     "dry": dict(
         hidden=64, blocks=2, batch=2, length=64, steps=2, reps=1, precision="fp32", perf_timeout=300,
         gemma_hidden=64, gemma_blocks=2, gemma_vocab=4096, gemma_batch=2, gemma_steps=2, gemma_timeout=300,
         pre_hidden=32, pre_blocks=2, pre_steps=4, pre_batch=4, sft_steps=2, lrs="3e-3", gammas="1.0",
         kls="0,0.1", merge_gammas="1.0", study_timeout=400, chars=20_000,
+        gemma_pre_hidden=64, gemma_pre_blocks=6, gemma_pre_steps=4, gemma_window=16, gemma_study_timeout=400,
     ),
 }  # fmt: skip
+# The real run's limits add to 7.7 minutes (120 + 100 + 130 + 110 s), inside the 8 a command may take.
 # The dry run takes under 2 minutes on a quiet 2-core CPU; its caps are generous so that a loaded machine (a CI
 # runner beside other jobs) still finishes it: they guard against a hang, not against slowness.
 
@@ -99,7 +106,27 @@ def performance(out: Path, s: dict, env: dict, peak_tflops: float, gemma: bool =
     return {"status": status, "params": params, "rows": rows, "ratios": res["ratios"]}
 
 
-def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
+def base_config(s: dict, arch: str) -> dict:
+    """The pre-trained base's config: llama-shaped, or a Gemma-3-shaped stand-in (head dim 256, one KV head, every
+    sixth block full attention and the rest a sliding window, tied embeddings: Gemma-3-270M's proportions)."""
+    if arch == "gemma3":
+        hidden, blocks = s["gemma_pre_hidden"], s["gemma_pre_blocks"]
+        return {
+            "model_type": "gemma3_text", "hidden_size": hidden, "intermediate_size": hidden * 3,
+            "num_hidden_layers": blocks, "num_attention_heads": max(1, hidden // 160), "num_key_value_heads": 1,
+            "head_dim": 256 if hidden >= 256 else 32, "max_position_embeddings": 512,
+            "sliding_window": s["gemma_window"], "tie_word_embeddings": True,
+            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(blocks)],
+        }  # fmt: skip
+    heads = max(2, s["pre_hidden"] // 64)
+    return {
+        "model_type": "llama", "hidden_size": s["pre_hidden"], "intermediate_size": int(s["pre_hidden"] * 2.75),
+        "num_hidden_layers": s["pre_blocks"], "num_attention_heads": heads, "num_key_value_heads": heads,
+        "max_position_embeddings": 512, "tie_word_embeddings": False,
+    }  # fmt: skip
+
+
+def evidence(out: Path, s: dict, env: dict, shared: Path, arch: str = "llama") -> dict:
     from common import splits
 
     data = out / "data"
@@ -112,12 +139,9 @@ def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
     (data / "alpaca_train.json").write_text(json.dumps(sp["alpaca_train"]))
     (data / "alpaca_val.json").write_text(json.dumps(sp["alpaca_val"]))
     config = data / "config.json"
-    heads = max(2, s["pre_hidden"] // 64)
-    config.write_text(json.dumps({
-        "model_type": "llama", "hidden_size": s["pre_hidden"], "intermediate_size": int(s["pre_hidden"] * 2.75),
-        "num_hidden_layers": s["pre_blocks"], "num_attention_heads": heads, "num_key_value_heads": heads,
-        "max_position_embeddings": 512, "tie_word_embeddings": False,
-    }))  # fmt: skip
+    config.write_text(json.dumps(base_config(s, arch)))
+    gemma = arch == "gemma3"
+    timeout = s["gemma_study_timeout" if gemma else "study_timeout"]
     cli = [sys.executable, "-m", "posttrainllm"]
     base = out / "base"
     t0 = time.time()
@@ -125,12 +149,12 @@ def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
         [*cli, "pretrain", "--dataset", str(data / "pretrain.txt"), "--output-dir", str(base), "--overwrite",
          "--model-config", str(config), "--vocab-size", "2048", "--max-length", "256", "--batch-size",
          str(s["pre_batch"]), "--lr", "1e-3", "--lr-scheduler", "cosine", "--warmup-ratio", "0.05", "--max-steps",
-         str(s["pre_steps"]), "--save-steps", "100000", "--logging-steps", "50"],
-        out / "pretrain.log", s["study_timeout"] // 2, env,
+         str(s["gemma_pre_steps" if gemma else "pre_steps"]), "--save-steps", "100000", "--logging-steps", "50"],
+        out / "pretrain.log", timeout // 2, env,
     )  # fmt: skip
     if pre["rc"] != 0:
-        return {"pretrain": pre}
-    left = max(30, s["study_timeout"] - int(time.time() - t0))
+        return {"arch": arch, "pretrain": pre}
+    left = max(30, timeout - int(time.time() - t0))
     sweep_dir = out / "sweep"
     ood = [
         a for key in ("code_held", "docs_held", "shakespeare_held") for a in ("--ood-eval", str(data / f"{key}.txt"))
@@ -145,14 +169,15 @@ def evidence(out: Path, s: dict, env: dict, shared: Path) -> dict:
     )  # fmt: skip
     results = sweep_dir / "results.json"
     summary = json.loads(results.read_text())["summary"] if results.is_file() else None
-    return {"pretrain": pre, "sweep": sw, "summary": summary}
+    return {"arch": arch, "pretrain": pre, "sweep": sw, "summary": summary}
 
 
 def markdown(result: dict) -> str:
     lines = [f"# Device run ({result['mode']})", "", f"machine: {result['machine']}", ""]
     for key, what in (("performance", "llama-shaped"), ("performance_gemma", "Gemma-3-shaped, 262k vocabulary")):
         lines += _perf_lines(result.get(key) or {}, what)
-    lines += _evidence_lines(result.get("evidence") or {})
+    lines += _evidence_lines(result.get("evidence") or {}, "llama-shaped base")
+    lines += _evidence_lines(result.get("evidence_gemma") or {}, "Gemma-3-shaped base")
     return "\n".join(lines) + "\n"
 
 
@@ -169,8 +194,8 @@ def _perf_lines(perf: dict, what: str) -> list[str]:
     return [*lines, "", *ratios, ""]
 
 
-def _evidence_lines(ev: dict) -> list[str]:
-    lines = ["## Evidence", ""]
+def _evidence_lines(ev: dict, what: str) -> list[str]:
+    lines = [f"## Evidence, {what}", ""]
     if ev.get("summary"):
         lines += ["| method | LR | eval loss | forgetting % |", "|---|---|---|---|"]
         for r in sorted(ev["summary"], key=lambda r: (r["method"], r["lr"])):
@@ -178,7 +203,7 @@ def _evidence_lines(ev: dict) -> list[str]:
             lines.append(f"| {r['method']} | {r['lr']:g} | {r['eval_loss']:.4f} | {f} |")
     else:
         lines += ["no result", "", f"```\n{json.dumps({k: v for k, v in ev.items() if k != 'summary'}, indent=1)}\n```"]
-    return lines
+    return [*lines, ""]
 
 
 def main() -> None:
@@ -208,6 +233,7 @@ def main() -> None:
         result["performance_gemma"] = performance(a.out / "performance", s, env, a.peak_tflops, gemma=True)
     if "evidence" in parts:
         result["evidence"] = evidence(a.out / "evidence", s, env, a.shared)
+        result["evidence_gemma"] = evidence(a.out / "evidence_gemma", s, env, a.shared, arch="gemma3")
     (a.out / "summary.json").write_text(json.dumps(result, indent=2, default=str))
     (a.out / "summary.md").write_text(markdown(result))
     print(markdown(result))

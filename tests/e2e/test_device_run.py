@@ -37,4 +37,8 @@ def test_the_device_script_dry_mode_runs_both_parts(tmp_path):
     assert evidence.get("summary") is not None, {k: v for k, v in evidence.items() if k != "summary"}
     methods = {row["method"] for row in evidence["summary"]}
     assert {"flat", "flat + KL β=0.1", "merge α=0.5 of flat"} <= methods
-    assert "## Evidence" in (tmp_path / "out" / "summary.md").read_text()
+    assert "## Evidence, llama-shaped base" in (tmp_path / "out" / "summary.md").read_text()
+    gemma_evidence = summary["evidence_gemma"]  # the same sweep on a Gemma-3-shaped base (sliding windows, tied)
+    assert gemma_evidence["arch"] == "gemma3" and gemma_evidence.get("summary") is not None, gemma_evidence
+    assert {"flat", "flat + KL β=0.1", "merge α=0.5 of flat"} <= {row["method"] for row in gemma_evidence["summary"]}
+    assert "## Evidence, Gemma-3-shaped base" in (tmp_path / "out" / "summary.md").read_text()
