@@ -12,7 +12,14 @@ kind that builds its mask another way may too, so padding-free is used only wher
 - transformers' own class for it (not remote code, whose attention is not the one tested);
 - sdpa or eager attention (flash kernels take the boundaries another way, not verified here).
 
-Elsewhere the batches stay padded and the banner's "batches" row says why. Imports no torch at import time."""
+Elsewhere the batches stay padded and the banner's "batches" row says why.
+
+Where it is exact, each batch is flattened only when that computes less (`CheaperLayout`): sdpa and eager attention
+compute every pair of a row's positions (the block-diagonal mask is dense), so one row of a batch's ΣL positions
+costs (ΣL)² attention pairs where the padded batch costs B·Lmax². Short rows gain from dropping the padding; long
+ones lose to the attention (SmolLM2 on conversations of up to 512 tokens, batch 8: flattening every batch ran at 0.76×
+the padded batches; docs/performance.md §7). Either layout gives the same per-row losses, so the choice changes the
+speed, never the result. Imports no torch at import time."""
 
 from __future__ import annotations
 
@@ -41,7 +48,10 @@ VERIFIED = frozenset(
         "granite",
     }
 )
-ROW = "padding-free (each batch's examples in one row, per-example position ids, no pad tokens)"
+ROW = (
+    "padding-free (each batch's examples in one row, per-example position ids, no pad tokens) where that computes "
+    "less; a batch whose row's attention would cost more than its padding saves is padded"
+)
 
 
 def _text_model(model):
@@ -82,6 +92,50 @@ def batches_row(cfg: RunConfig, model) -> tuple[str | None, dict[str, Any]]:
     return f"padded: {reason}", {"padding_free_used": False, "padded_because": reason}
 
 
+def layout_costs(config) -> tuple[float, float]:
+    """(FLOPs per token, FLOPs per attention pair) of a forward pass of a model with `config`: per token the
+    attention's projections, the MLP (gated: three matrices; a mixture of experts: its active experts) and the LM
+    head; per pair the attention's q·k and weights·v, over every layer. The backward pass scales both alike."""
+    get = lambda *names, default=None: next(  # noqa: E731
+        (v for n in names if (v := getattr(config, n, None)) is not None), default
+    )
+    hidden = get("hidden_size", default=1)
+    layers = get("num_hidden_layers", default=1)
+    heads = get("num_attention_heads", default=1)
+    head_dim = get("head_dim", default=hidden // max(heads, 1))
+    kv_heads = get("num_key_value_heads", default=heads)
+    experts = get("num_experts_per_tok", default=1)
+    mlp = 3 * hidden * get("moe_intermediate_size", "intermediate_size", default=4 * hidden) * experts
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    per_token = 2 * (layers * (attention + mlp) + hidden * get("vocab_size", default=0))
+    per_pair = 2 * 2 * heads * head_dim * layers
+    return float(per_token), float(per_pair)
+
+
+class CheaperLayout:
+    """TRL's collator, padding-free or padded batch by batch, whichever layout computes less (module docstring):
+    one row of ΣL positions costs per_token·ΣL + per_pair·(ΣL)², a padded batch of B rows of the longest length Lmax
+    per_token·B·Lmax + per_pair·B·Lmax². `flattened` and `padded` count the batches of each."""
+
+    def __init__(self, collator, per_token: float, per_pair: float):
+        self.collator, self.per_token, self.per_pair = collator, per_token, per_pair
+        self.flattened = self.padded = 0
+
+    def flatten(self, lengths: list[int]) -> bool:
+        total, longest, n = sum(lengths), max(lengths, default=0), len(lengths)
+        row = self.per_token * total + self.per_pair * total * total
+        return row <= self.per_token * n * longest + self.per_pair * n * longest * longest
+
+    def __call__(self, examples):
+        flat = self.flatten([len(e["input_ids"]) for e in examples])
+        self.collator.padding_free = flat
+        self.flattened, self.padded = self.flattened + flat, self.padded + (not flat)
+        return self.collator(examples)
+
+    def __getattr__(self, name):  # the collator's own attributes (pad_token_id, ...), as TRL reads them
+        return getattr(self.__dict__["collator"], name)
+
+
 class PaddingFreeMixin:
     """Mixed in before TRL's SFTTrainer: with `padding_free` in its config (and no packing), the batches are
     padding-free where `padded_because(model)` finds that exact, else padded, and the config then says
@@ -102,3 +156,5 @@ class PaddingFreeMixin:
 
             if type(self.data_collator) is DataCollatorForLanguageModeling:  # TRL's own text collator
                 self.data_collator.padding_free = self.padding_free = conf.padding_free = True
+                costs = layout_costs(_text_model(self.model).config)
+                self.data_collator = CheaperLayout(self.data_collator, *costs)

@@ -75,7 +75,12 @@ def _sft(model, data, out, *extra):
     [(kind, PROMPT_COMPLETION, "completion") for kind in FAMILIES]
     + [("llama", MESSAGES, "assistant"), ("gemma3_text", MESSAGES, "assistant")],
 )
-def test_the_first_step_loss_equals_the_padded_runs(kind, rows, mask, first_steps, tmp_path):
+def test_the_first_step_loss_equals_the_padded_runs(kind, rows, mask, first_steps, tmp_path, monkeypatch):
+    from posttrainllm.training.padding_free import CheaperLayout
+
+    # every batch flattened: on models this small the padded batch computes less, and sft would pad it
+    # (test_a_batch_is_flattened_only_where_that_computes_less); this test is the flattened layout's exactness
+    monkeypatch.setattr(CheaperLayout, "flatten", lambda self, lengths: True)
     model = _model_dir(tmp_path / "m", kind)
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     out, record = _sft(model, data, tmp_path / "free")
@@ -121,3 +126,28 @@ def test_packing_stays_padding_free_and_refuses_no_padding_free(tiny_model_dir, 
     )
     assert r.exit_code == 2
     assert "--trainer-arg padding_free: set it with --no-padding-free" in r.output
+
+
+def _lengths(inputs) -> list[int]:
+    """The examples' lengths in a batch: a padded batch's mask sums, or a flattened row's position-id restarts."""
+    if "attention_mask" in inputs:
+        return [int(n) for n in inputs["attention_mask"].sum(dim=1)]
+    starts = [int(i) for i in torch.nonzero(inputs["position_ids"][0] == 0).flatten()]
+    return [b - a for a, b in zip(starts, [*starts[1:], inputs["input_ids"].shape[1]])]
+
+
+@pytest.mark.parametrize(
+    "rows", [[{"prompt": "hi", "completion": " ok"}] * 3 + [{"prompt": "x " * 20, "completion": " y"}]]
+)
+def test_at_its_defaults_sft_flattens_each_batch_only_where_that_computes_less(rows, first_steps, tmp_path):
+    from posttrainllm.training.padding_free import CheaperLayout, layout_costs
+
+    model = _model_dir(tmp_path / "m", "llama")
+    _, record = _sft(model, write_jsonl(tmp_path / "rows.jsonl", rows), tmp_path / "o")
+    assert record["padding_free_used"] is True
+    (step,) = first_steps
+    layout = step["trainer"].data_collator
+    assert isinstance(layout, CheaperLayout) and layout.flattened + layout.padded >= 1
+    assert (layout.per_token, layout.per_pair) == layout_costs(step["trainer"].model.config)
+    lengths = _lengths(step["inputs"])
+    assert len(lengths) == 4 and ("attention_mask" not in step["inputs"]) == layout.flatten(lengths)

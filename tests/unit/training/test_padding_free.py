@@ -123,3 +123,39 @@ def test_the_decision_sees_through_a_lora_wrapper():
     assert padded_because(model) is None
     model.get_base_model().config._attn_implementation = "flash_attention_2"
     assert "flash_attention_2" in padded_because(model)
+
+
+def test_the_layout_costs_count_each_layers_matrices_the_head_and_the_attention_pairs():
+    from types import SimpleNamespace
+
+    from posttrainllm.training.padding_free import layout_costs
+
+    cfg = SimpleNamespace(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, head_dim=16, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=1000,
+    )  # fmt: skip
+    per_token, per_pair = layout_costs(cfg)
+    # q and o: 64 × 64 each; k and v: 64 × 32 each; the gated MLP: 3 × 64 × 128; the head: 64 × 1000
+    assert per_token == 2 * (3 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 64 * 1000)
+    assert per_pair == 2 * 2 * 4 * 16 * 3  # q·k and weights·v of 4 heads of 16 over 3 layers
+
+
+def test_a_batch_is_flattened_only_where_that_computes_less():
+    from posttrainllm.training.padding_free import CheaperLayout
+
+    class Collator:
+        padding_free, pad_token_id = None, 7
+
+        def __call__(self, examples):
+            return {"padding_free": self.padding_free, "n": len(examples)}
+
+    layout = CheaperLayout(Collator(), per_token=1000.0, per_pair=1.0)
+    rows = lambda *lengths: [{"input_ids": [1] * n} for n in lengths]  # noqa: E731
+    # ragged short rows: 8 rows of 10 and one of 100 flatten to 170 positions (1000·170 + 170² = 198,900) where the
+    # padded batch holds 9 × 100 (1000·900 + 9·100² = 990,000)
+    assert layout(rows(*[10] * 8, 100)) == {"padding_free": True, "n": 9}
+    # long even rows: 8 × 1000 flattened cost 1000·8000 + 8000² = 7.2e7, padded 1000·8000 + 8·1000² = 1.6e7
+    assert layout(rows(*[1000] * 8)) == {"padding_free": False, "n": 8}
+    assert (layout.flattened, layout.padded) == (1, 1) and layout.pad_token_id == 7
+    # the break-even, in closed form: one row of n is never dearer than itself padded
+    assert layout.flatten([5]) and layout.flatten([3, 3]) is (1000 * 6 + 36 <= 1000 * 6 + 2 * 9)
