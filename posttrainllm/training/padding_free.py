@@ -92,10 +92,16 @@ def batches_row(cfg: RunConfig, model) -> tuple[str | None, dict[str, Any]]:
     return f"padded: {reason}", {"padding_free_used": False, "padded_because": reason}
 
 
+# what a FLOP of masked attention costs against a FLOP of the matmuls: fitted to the two layouts measured on SmolLM2
+# (flattened/padded time 0.92 on Alpaca at 256 tokens, 1.31 on conversations of up to 512; decision log 82)
+PAIR_COST = 1.5
+
+
 def layout_costs(config) -> tuple[float, float]:
-    """(FLOPs per token, FLOPs per attention pair) of a forward pass of a model with `config`: per token the
-    attention's projections, the MLP (gated: three matrices; a mixture of experts: its active experts) and the LM
-    head; per pair the attention's q·k and weights·v, over every layer. The backward pass scales both alike."""
+    """(cost per token, cost per attention pair) of a forward pass of a model with `config`, in matmul FLOPs: per
+    token the attention's projections, the MLP (gated: three matrices; a mixture of experts: its active experts) and
+    the LM head; per pair the attention's q·k and weights·v over every layer, times PAIR_COST. The backward pass
+    scales both alike."""
     get = lambda *names, default=None: next(  # noqa: E731
         (v for n in names if (v := getattr(config, n, None)) is not None), default
     )
@@ -108,7 +114,7 @@ def layout_costs(config) -> tuple[float, float]:
     mlp = 3 * hidden * get("moe_intermediate_size", "intermediate_size", default=4 * hidden) * experts
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     per_token = 2 * (layers * (attention + mlp) + hidden * get("vocab_size", default=0))
-    per_pair = 2 * 2 * heads * head_dim * layers
+    per_pair = 2 * 2 * heads * head_dim * layers * PAIR_COST
     return float(per_token), float(per_pair)
 
 

@@ -128,7 +128,7 @@ def test_the_decision_sees_through_a_lora_wrapper():
 def test_the_layout_costs_count_each_layers_matrices_the_head_and_the_attention_pairs():
     from types import SimpleNamespace
 
-    from posttrainllm.training.padding_free import layout_costs
+    from posttrainllm.training.padding_free import PAIR_COST, layout_costs
 
     cfg = SimpleNamespace(
         hidden_size=64, num_hidden_layers=3, num_attention_heads=4, head_dim=16, num_key_value_heads=2,
@@ -137,7 +137,7 @@ def test_the_layout_costs_count_each_layers_matrices_the_head_and_the_attention_
     per_token, per_pair = layout_costs(cfg)
     # q and o: 64 × 64 each; k and v: 64 × 32 each; the gated MLP: 3 × 64 × 128; the head: 64 × 1000
     assert per_token == 2 * (3 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 64 * 1000)
-    assert per_pair == 2 * 2 * 4 * 16 * 3  # q·k and weights·v of 4 heads of 16 over 3 layers
+    assert per_pair == 2 * 2 * 4 * 16 * 3 * PAIR_COST  # q·k and weights·v of 4 heads of 16 over 3 layers
 
 
 def test_a_batch_is_flattened_only_where_that_computes_less():
