@@ -201,7 +201,9 @@ OPTIMISATION: tuple[Opt, ...] = (
         help="Pad each batch to its longest row instead of training padding-free. By default sft trains "
         "padding-free where that is exact: a batch's examples are concatenated into one row, each with its own "
         "position ids and no attention mask, so each attends only to itself and the loss equals the padded one's "
-        "(the same rows and steps, no pad tokens). Where it is not verified exact (an attention other than sdpa "
+        "(the same rows and steps, no pad tokens); a batch is flattened only where that computes less than its "
+        "padding (one row's attention costs the square of its total length). Where it is not verified exact (an "
+        "attention other than sdpa "
         "or eager, a vision-language model, an architecture not tested, remote code), batches are padded and the "
         "banner's batches row says why (docs/performance.md §7). Recipe key: padding_free: false.",
         commands=own("sft"),
