@@ -31,7 +31,7 @@ def _resolve(name: str, modules) -> str | None:
     return None
 
 
-# "posttrainllm.x.y:attr": an object named by import path (commands/spec.py's `load`), an import of posttrainllm.x.y
+# "posttrainllm.x.y:attr": an object named by import path (spec.py's `load`), an import of posttrainllm.x.y
 _ATTR_PATH = re.compile(r"(posttrainllm(?:\.\w+)*):\w+(?:\.\w+)*")
 
 
