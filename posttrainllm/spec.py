@@ -14,10 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from posttrainllm.config.runconfig import RunConfig
+from typing import Any, Literal
 
 # the data shapes posttrainllm/data/pipeline.py reads: sft rows, preference pairs, unpaired labelled completions,
 # prompts (completions are sampled during training), raw text in token blocks; or a shape of a command's own, which
@@ -122,14 +119,3 @@ def load(path: str) -> Any:
     """The object a "module:attribute" path names, imported now (e.g. "trl:SFTTrainer")."""
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def num_proc(cfg: RunConfig) -> int | None:
-    """--dataset-num-proc for TRL's tokenization map (None: in this process)."""
-    n = cfg.dataset_num_proc or 1
-    return n if n > 1 else None
-
-
-def default_reference(cfg: RunConfig) -> str:
-    """The banner's reference model when --ref-model is not given."""
-    return "adapter-disabled base" if cfg.lora_r else "frozen copy of --model"

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands import POST_TRAINING_SETUP
+from posttrainllm.commands import POST_TRAINING_SETUP, default_reference, num_proc
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.spec import CommandSpec, default_reference, num_proc
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

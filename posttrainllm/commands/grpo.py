@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands import POST_TRAINING_SETUP
-from posttrainllm.spec import CommandSpec, default_reference
+from posttrainllm.commands import POST_TRAINING_SETUP, default_reference
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

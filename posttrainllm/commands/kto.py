@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands import POST_TRAINING_SETUP
+from posttrainllm.commands import POST_TRAINING_SETUP, default_reference, num_proc
 from posttrainllm.commands.dpo import positive_beta
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.spec import CommandSpec, default_reference, num_proc
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from posttrainllm.commands import POST_TRAINING_SETUP
+from posttrainllm.commands import POST_TRAINING_SETUP, num_proc
 from posttrainllm.commands.sft import max_length_steps
-from posttrainllm.spec import CommandSpec, num_proc
+from posttrainllm.spec import CommandSpec
 
 if TYPE_CHECKING:
     from posttrainllm.config.runconfig import RunConfig

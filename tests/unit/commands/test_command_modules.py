@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from posttrainllm import cli, spec
+from posttrainllm import cli, commands, spec
 from posttrainllm.commands import demo
 from posttrainllm.commands.registry import SPECS, spec_of
 from posttrainllm.errors import BudgetNotMet, UsageError
@@ -78,14 +78,14 @@ def test_load_num_proc_and_default_reference():
         lora_r = 0
 
     cfg = Cfg()
-    assert spec.num_proc(cfg) is None
+    assert commands.num_proc(cfg) is None
     cfg.dataset_num_proc = 1
-    assert spec.num_proc(cfg) is None
+    assert commands.num_proc(cfg) is None
     cfg.dataset_num_proc = 4
-    assert spec.num_proc(cfg) == 4
-    assert spec.default_reference(cfg) == "frozen copy of --model"
+    assert commands.num_proc(cfg) == 4
+    assert commands.default_reference(cfg) == "frozen copy of --model"
     cfg.lora_r = 8
-    assert spec.default_reference(cfg) == "adapter-disabled base"
+    assert commands.default_reference(cfg) == "adapter-disabled base"
 
 
 def test_the_cli_hands_run_command_to_the_demo_and_only_the_config_to_others(monkeypatch):
