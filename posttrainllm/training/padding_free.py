@@ -139,7 +139,10 @@ class CheaperLayout:
         return self.collator(examples)
 
     def __getattr__(self, name):  # the collator's own attributes (pad_token_id, ...), as TRL reads them
-        return getattr(self.__dict__["collator"], name)
+        collator = self.__dict__.get("collator")  # absent while pickle or copy rebuilds the object
+        if collator is None:
+            raise AttributeError(name)
+        return getattr(collator, name)
 
 
 class PaddingFreeMixin:

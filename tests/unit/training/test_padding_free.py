@@ -159,3 +159,22 @@ def test_a_batch_is_flattened_only_where_that_computes_less():
     assert (layout.flattened, layout.padded) == (1, 1) and layout.pad_token_id == 7
     # the break-even, in closed form: one row of n is never dearer than itself padded
     assert layout.flatten([5]) and layout.flatten([3, 3]) is (1000 * 6 + 36 <= 1000 * 6 + 2 * 9)
+
+
+class _PicklableCollator:
+    padding_free, pad_token_id = None, 3
+
+    def __call__(self, examples):
+        return {"padding_free": self.padding_free}
+
+
+def test_the_layout_wrapper_survives_pickle_and_copy_as_dataloader_workers_take_it():
+    import copy
+    import pickle
+
+    from posttrainllm.training.padding_free import CheaperLayout
+
+    layout = CheaperLayout(_PicklableCollator(), per_token=1000.0, per_pair=1.0)
+    for again in (pickle.loads(pickle.dumps(layout)), copy.copy(layout), copy.deepcopy(layout)):
+        assert again.pad_token_id == 3 and (again.per_token, again.per_pair) == (1000.0, 1.0)
+        assert again([{"input_ids": [1] * 10}] * 8 + [{"input_ids": [1] * 100}]) == {"padding_free": True}
