@@ -21,7 +21,11 @@ Two parts, each under its own time limit, so that a part that fails or runs out 
    Twice: on a llama-shaped base, then on a **Gemma-3-shaped stand-in** (Gemma-3-270M's body, 640 wide, 18 blocks
    with every sixth one full attention and the rest sliding-window, tied embeddings; the vocabulary is the
    pre-trained tokenizer's, since the real model's 230 MB GGUF cannot travel), so the method comparison is made on
-   both families' shapes in one run.
+   both families' shapes in one run. On the Gemma-shaped base the first sweep also gives each cell's budgeted
+   point (`--max-forgetting 5`), and the method sweeps that follow it at the middle LR, into the same folder, add
+   DFT with and without the KL anchor, replay 5%, self-replay, `sdft` and layer decay's second setting (γ 0.97):
+   every method of the CPU study's comparison, at a width and step count the CPU cannot reach. In dry mode those
+   method sweeps are checked, not run (`sweep --dry-run`).
 
 Writes OUT/summary.json and OUT/summary.md (and each part's own files). Nothing is downloaded: the data is
 ../shared/data (or a copy next to OUT given by --shared), models are built from configs.
@@ -48,6 +52,7 @@ SIZES = {
         pre_hidden=768, pre_blocks=12, pre_steps=1500, pre_batch=32, sft_steps=150, lrs="3e-5,1e-4,3e-4",
         gammas="1.0,0.9", kls="0,0.1", merge_gammas="1.0,0.9", study_timeout=130, chars=400_000,
         gemma_pre_hidden=640, gemma_pre_blocks=18, gemma_pre_steps=800, gemma_window=128, gemma_study_timeout=110,
+        self_replay=64, second_gamma="0.97", dry_methods=False, main_share=0.6,
     ),
     "dry": dict(
         hidden=64, blocks=2, batch=2, length=64, steps=2, reps=1, precision="fp32", perf_timeout=300,
@@ -55,6 +60,7 @@ SIZES = {
         pre_hidden=32, pre_blocks=2, pre_steps=4, pre_batch=4, sft_steps=2, lrs="3e-3", gammas="1.0",
         kls="0,0.1", merge_gammas="1.0", study_timeout=400, chars=20_000,
         gemma_pre_hidden=64, gemma_pre_blocks=6, gemma_pre_steps=4, gemma_window=16, gemma_study_timeout=400,
+        self_replay=4, second_gamma="0.97", dry_methods=True, main_share=0.95,
     ),
 }  # fmt: skip
 # The real run's limits add to 7.7 minutes (120 + 100 + 130 + 110 s), inside the 8 a command may take.
@@ -136,6 +142,7 @@ def evidence(out: Path, s: dict, env: dict, shared: Path, arch: str = "llama") -
     (data / "pretrain.txt").write_text(sp["shakespeare_train"][: chars * 2] + "\n\n" + sp["code_train"][: chars * 2])
     for key in ("code_held", "docs_held", "shakespeare_held"):
         (data / f"{key}.txt").write_text(sp[key][: min(chars // 10, 40_000)])
+    (data / "replay.txt").write_text(sp["docs_train"][:chars])  # replay: documentation text no held-out set has
     (data / "alpaca_train.json").write_text(json.dumps(sp["alpaca_train"]))
     (data / "alpaca_val.json").write_text(json.dumps(sp["alpaca_val"]))
     config = data / "config.json"
@@ -159,17 +166,65 @@ def evidence(out: Path, s: dict, env: dict, shared: Path, arch: str = "llama") -
     ood = [
         a for key in ("code_held", "docs_held", "shakespeare_held") for a in ("--ood-eval", str(data / f"{key}.txt"))
     ]
-    sw = run(
-        [*cli, "sweep", "sft", "--model", str(base), "--dataset", str(data / "alpaca_train.json"), "--eval-dataset",
-         str(data / "alpaca_val.json"), *ood, "--output-dir", str(sweep_dir), "--lr", s["lrs"], "--llrd", s["gammas"],
-         "--kl-to-base", s["kls"], "--merge-alpha", "1.0,0.5", "--merge-llrd", s["merge_gammas"], "--max-steps",
-         str(s["sft_steps"]), "--batch-size", "8", "--max-length", "256", "--save-steps", "100000",
-         "--discard-weights"],
-        out / "sweep.log", left, env,
-    )  # fmt: skip
-    results = sweep_dir / "results.json"
-    summary = json.loads(results.read_text())["summary"] if results.is_file() else None
-    return {"arch": arch, "pretrain": pre, "sweep": sw, "summary": summary}
+    # what every sweep of this base shares: the model, the data, the held-out texts, the run's length
+    shared = [
+        "--model", str(base), "--dataset", str(data / "alpaca_train.json"), "--eval-dataset",
+        str(data / "alpaca_val.json"), *ood, "--output-dir", str(sweep_dir), "--max-steps", str(s["sft_steps"]),
+        "--batch-size", "8", "--max-length", "256", "--save-steps", "100000", "--discard-weights",
+    ]  # fmt: skip
+    grid = ["--lr", s["lrs"], "--llrd", s["gammas"], "--kl-to-base", s["kls"], "--merge-alpha", "1.0,0.5"]
+    grid += ["--merge-llrd", s["merge_gammas"]] + (["--max-forgetting", "5"] if gemma else [])
+    # on the Gemma-shaped base the method sweeps that follow get what the first leaves (on the GPU at least 40%)
+    first = int(left * s["main_share"]) if gemma else left
+    sw = run([*cli, "sweep", "sft", *shared, *grid], out / "sweep.log", first, env)
+    methods = method_sweeps([*cli, "sweep"], shared, s, data, timeout - int(time.time() - t0), env) if gemma else {}
+    found = [d / "results.json" for d in (sweep_dir, sweep_dir.with_name("sweep-sdft"))]
+    summary = every_point([json.loads(f.read_text()) for f in found if f.is_file()]) or None
+    return {"arch": arch, "pretrain": pre, "sweep": sw, "methods": methods, "summary": summary}
+
+
+def method_sweeps(sweep: list[str], shared: list[str], s: dict, data: Path, left: int, env: dict) -> dict:
+    """The rest of the method comparison on the Gemma-shaped base, at the grid's middle LR, into the same sweep
+    folder (a sweep run again keeps every earlier point, so results.json holds them all): DFT with and without the
+    KL anchor, replay of 5% documentation text, self-replay, `sdft`, and layer decay's second setting, in that
+    order, each given the time left. In dry mode each is only checked (`sweep --dry-run`: every cell's command line
+    read as the CLI reads it), so that CI proves the command lines without paying for their runs."""
+    lrs = s["lrs"].split(",")
+    extra = {
+        "dft": ["sft", "--loss-type", "dft", "--kl-to-base", "0,0.1"],
+        "replay": ["sft", "--replay-dataset", str(data / "replay.txt"), "--replay-ratio", "0.05"],
+        "self_replay": ["sft", "--self-replay", str(s["self_replay"]), "--replay-ratio", "0.25"],
+        "sdft": ["sdft", "--max-completion-length", "64"],
+        "llrd": ["sft", "--llrd", s["second_gamma"]],
+    }
+    out: dict = {}
+    t0 = time.time()
+    for name, (command, *args) in extra.items():
+        rest = left - int(time.time() - t0)
+        if rest < 10:
+            out[name] = {"rc": "no time left"}
+            continue
+        own = shared if command != "sdft" else without(shared, "--max-length")  # sdft's lengths are its own
+        cmd = [*sweep, command, *own, "--lr", lrs[len(lrs) // 2], *args]
+        if command == "sdft":  # its own folder: a sweep names a cell by its axes, and sdft's would be sft's flat
+            cmd[cmd.index("--output-dir") + 1] += "-sdft"
+        log = data.parent / f"method-{name}.log"
+        out[name] = run(cmd + (["--dry-run"] if s["dry_methods"] else []), log, rest, env)
+    return out
+
+
+def every_point(results: list[dict]) -> list[dict]:
+    """The points of the sweep folders' results.json files: each one's last sweep and those the earlier sweeps into
+    it measured (kept under "earlier", off its own frontier), aggregated as the sweep aggregates its own."""
+    from posttrainllm.sweep.results import summarize
+
+    return summarize([r for res in results for r in res["cells"] + res.get("earlier", [])])
+
+
+def without(args: list[str], flag: str) -> list[str]:
+    """`args` less `flag` and its value."""
+    i = args.index(flag)
+    return args[:i] + args[i + 2 :]
 
 
 def markdown(result: dict) -> str:
@@ -200,9 +255,13 @@ def _evidence_lines(ev: dict, what: str) -> list[str]:
         lines += ["| method | LR | eval loss | forgetting % |", "|---|---|---|---|"]
         for r in sorted(ev["summary"], key=lambda r: (r["method"], r["lr"])):
             f = "-" if r["forgetting_pct"] is None else f"{r['forgetting_pct']:+.1f}"
-            lines.append(f"| {r['method']} | {r['lr']:g} | {r['eval_loss']:.4f} | {f} |")
+            own = " (SDFT's own objective, not NLL)" if r.get("command") == "sdft" else ""
+            lines.append(f"| {r['method']} | {r['lr']:g} | {r['eval_loss']:.4f}{own} | {f} |")
     else:
         lines += ["no result", "", f"```\n{json.dumps({k: v for k, v in ev.items() if k != 'summary'}, indent=1)}\n```"]
+    for name, status in (ev.get("methods") or {}).items():  # the method sweeps of the Gemma-shaped base
+        took = f", {status['seconds']} s" if "seconds" in status else ""
+        lines.append(f"- method sweep {name}: rc {status['rc']}{took}")
     return [*lines, ""]
 
 

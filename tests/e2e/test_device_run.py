@@ -42,3 +42,8 @@ def test_the_device_script_dry_mode_runs_both_parts(tmp_path):
     assert gemma_evidence["arch"] == "gemma3" and gemma_evidence.get("summary") is not None, gemma_evidence
     assert {"flat", "flat + KL β=0.1", "merge α=0.5 of flat"} <= {row["method"] for row in gemma_evidence["summary"]}
     assert "## Evidence, Gemma-3-shaped base" in (tmp_path / "out" / "summary.md").read_text()
+    # the rest of the method comparison on that base (DFT ± KL, replay, self-replay, sdft, γ 0.97): each sweep's
+    # every cell command line read as the CLI reads it (dry mode checks them, the GPU runs them)
+    methods = gemma_evidence["methods"]
+    assert set(methods) == {"dft", "replay", "self_replay", "sdft", "llrd"}
+    assert all(status["rc"] == 0 for status in methods.values()), methods
