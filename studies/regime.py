@@ -139,7 +139,9 @@ def evaluate(name: str, model: Path, healed: Path, files: dict, out: Path, keys:
     args += ["--sft-dataset", str(files["alpaca_val"])]
     print(f"eval {name}", flush=True)
     log = out / "logs" / f"eval-{name}.log"
-    partial = dest.with_name(dest.name + ".partial")  # a failed eval leaves no result that looks finished
+    # a failed eval leaves no result that looks finished; the process id keeps two studies sharing a folder (one
+    # method each, side by side) from renaming each other's file
+    partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")
     t = cli(args, log, stdout=partial)
     partial.replace(dest)
     print(f"  done in {t:.0f} s", flush=True)
