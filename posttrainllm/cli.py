@@ -206,8 +206,8 @@ Sweep options (comma-separated lists):
   --replay-ratio R1,...     replay ratios (0 = no replay; needs --replay-dataset or --self-replay) [default: 0]
   --kl-to-base B1,...       KL-anchor weights β (0 = none; sft, finetune) [default: 0]
   --self-replay N1,...      self-replay sample counts (0 = none; with --replay-ratio; sft, finetune) [default: 0]
-  --loss-type L1,...        sft's loss: nll (cross-entropy) and/or dft (Dynamic Fine-Tuning; with --kl-to-base,
-                            the ASFT form) [default: nll]
+  --loss-type L1,...        the loss (sft, finetune): nll (cross-entropy) and/or dft (Dynamic Fine-Tuning;
+                            with --kl-to-base, the ASFT form) [default: nll]
   --merge-alpha A1,...      merge every trained cell back toward the base at these α (needs --eval-dataset)
   --merge-llrd G1,...       depth-scaled merges at these γ as well (1.0 = uniform)
   --seeds S1,S2,...         seeds; cells are averaged over them [default: 0]

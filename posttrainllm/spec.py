@@ -40,6 +40,8 @@ class CommandSpec:
     # "module:Class" mixins of the command's own, put in front of its trainer class (sdft: the moving teacher saved
     # with each checkpoint), after posttrainllm's own (training/builder.py)
     trainer_mixins: tuple[str, ...] = ()
+    # "module:function" cfg -> the constructor keywords of those mixins (finetune: whether its loss is DFT)
+    trainer_kwargs: str | None = None
     data: DataShape | None = None
     # "module:function" (cfg, tokenizer, options) -> the prepared data, for a command whose data shape is its own
     # (sdft: sft rows as prompts and demonstrations); None: the shape's reader in posttrainllm/data/pipeline.py

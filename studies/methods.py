@@ -19,6 +19,8 @@ method is one extra group of CLI arguments on that run (the same in --setting sh
   replay25     the same at 25%
   kl           --kl-to-base 0.5 (the LM loss plus 0.5 x the per-token KL to the starting model)
   selfreplay   --self-replay 256 at --replay-ratio 0.25 (samples of the starting model, no replay data needed)
+  dft          --loss-type dft (Dynamic Fine-Tuning: each token's NLL weighted by its own probability, detached)
+  dftkl        --loss-type dft --kl-to-base 0.5 (DFT with the KL anchor: the ASFT form)
   (each method at flat's best LR, 3e-5, and the anchoring ones at 1e-4 too: ORDER lists the cells)
   merges       no training: `posttrainllm merge` of a trained cell toward the healed base, uniform (WiSE-FT,
                alpha 0.5 and 0.75) and depth-scaled (--llrd 0.9 with alpha 1: layer decay after training)
@@ -97,6 +99,8 @@ METHODS: dict[str, list[str]] = {
     "replay25": ["--replay-ratio", "0.25", "--replay-dataset", "{replay}"],
     "replay5": ["--replay-ratio", "0.05", "--replay-dataset", "{replay}"],
     "selfreplay": ["--self-replay", "256", "--replay-ratio", "0.25"],
+    "dft": ["--loss-type", "dft"],
+    "dftkl": ["--loss-type", "dft", "--kl-to-base", "0.5"],
 }
 # the cells, most informative first: the flat grid (3e-5 was flat's best in-domain LR at 240 steps, so 1e-5 brackets
 # it), each method at flat's best LR, then at 1e-4 where the anchoring methods have room to reach flat's in-domain loss
@@ -107,6 +111,9 @@ ORDER = [
     # the Shakespeare setting, where flat's best LR is 1e-4: each method there, and layer decay also at 3e-4 (its
     # lower blocks train at a fraction of the LR, so a higher top LR is where it can reach flat's in-domain loss)
     ("replay5", "1e-4"), ("selfreplay", "1e-4"), ("llrd0.9", "3e-4"), ("llrd0.97", "3e-4"),
+    # DFT (its loss weights each token by its probability, so it moves less per step than the NLL) with and without
+    # the KL anchor, at flat's best LR and at 1e-4
+    ("dft", "3e-5"), ("dftkl", "3e-5"), ("dft", "1e-4"), ("dftkl", "1e-4"),
 ]  # fmt: skip
 # which trained cells are merged back toward the base (method, LR)
 MERGED = [("flat", "1e-4"), ("flat", "3e-4"), ("flat", "3e-5"), ("llrd0.9", "1e-4")]

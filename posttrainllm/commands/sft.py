@@ -32,11 +32,14 @@ def max_length_steps(cfg: RunConfig, n_train: int | None) -> str:
     return steps_row(cfg, n_train, f"max length {cfg.max_length}")
 
 
-_DFT_ROW = "DFT: each loss token's NLL × its own probability (detached), mean over the loss tokens (--loss-type dft)"
+DFT_ROW = (
+    "DFT: each loss token's NLL × its own probability (detached), mean over the loss tokens (--loss-type dft); "
+    "eval_loss stays the plain NLL"
+)
 
 
 def _rows(cfg: RunConfig) -> dict[str, str | None]:
-    loss = {"loss": _DFT_ROW if cfg.sft_loss_type == "dft" else None}
+    loss = {"loss": DFT_ROW if cfg.sft_loss_type == "dft" else None}
     if not cfg.packing:
         return {"packing": None, **loss}
     row = "best-fit decreasing into rows of --max-length, padding-free (each example attends only to itself)"
@@ -71,6 +74,8 @@ SPEC = CommandSpec(
     rows=_rows,
     steps=max_length_steps,
     checks=(_packing_is_padding_free,),
+    # --loss-type dft trains on DFT and evaluates the NLL, as finetune does (a sweep's frontier compares eval losses)
+    trainer_mixins=("posttrainllm.training.dft:PlainEvalLossMixin",),
 )
 
 

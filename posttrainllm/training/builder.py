@@ -79,7 +79,8 @@ def build_trainer(
         common["data_collator"] = load(spec.collator)
     kl = kl_to_base_kwargs(cfg, trainer_models.pop("kl_base", None))  # {} at β = 0: no mixin, the plain trainer
     cls = trainer_class(load(spec.trainer), spec.samples, bool(kl), *(load(m) for m in spec.trainer_mixins))
-    trainer = cls(model=model, llrd_plan=plan, **trainer_models, **kl, **common)
+    own = load(spec.trainer_kwargs)(cfg) if spec.trainer_kwargs else {}  # the command's own mixins' keywords
+    trainer = cls(model=model, llrd_plan=plan, **trainer_models, **kl, **own, **common)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     plain, bars = _log_callbacks()

@@ -110,12 +110,12 @@ def _tokens(batch) -> int:
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
 
 
-@pytest.mark.parametrize("command", ["finetune", "grpo"])
+@pytest.mark.parametrize("command", ["kto", "grpo"])
 def test_commands_without_it_refuse_loss_type_in_one_line(command, tiny_model_dir, alpaca_file, tmp_path):
     r = runner.invoke(app, cli_args(command, tiny_model_dir, alpaca_file, tmp_path / "o", loss_type="dft"))
     assert r.exit_code == 2, r.output
     error = [line for line in r.output.splitlines() if "--loss-type" in line]
-    assert len(error) == 1 and f"not an option of {command} (sft and dpo take it)" in error[0], r.output
+    assert len(error) == 1 and f"not an option of {command} (sft, dpo and finetune take it)" in error[0], r.output
     assert not (tmp_path / "o").exists()
 
 
@@ -131,3 +131,29 @@ def test_help_and_banner_describe_it(tiny_model_dir, alpaca_file, tmp_path):
     args = cli_args("sft", tiny_model_dir, alpaca_file, tmp_path / "o", dry_run=True, loss_type="dft")
     r = runner.invoke(app, args, terminal_width=200)
     assert r.exit_code == 0 and "NLL × its own probability (detached)" in " ".join(r.output.split()), r.output
+
+
+def test_the_eval_loss_stays_the_plain_nll(tiny_model_dir, alpaca_file, tmp_path, monkeypatch):
+    """TRL's SFTTrainer would evaluate its DFT loss; sft's eval_loss is the NLL of the final model on the eval
+    batches (as finetune's is), so a sweep's frontier compares DFT and NLL runs on one scale."""
+    evals = []
+    original = SFTTrainer.compute_loss
+
+    def spy(self, model, inputs, *args, **kwargs):
+        if not model.training:
+            evals.append({k: v.detach().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+        return original(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "compute_loss", spy)
+    out = tmp_path / "o"
+    extra = ["--max-steps", "2", "--eval-dataset", str(alpaca_file), "--eval-steps", "2", "--loss-type", "dft"]
+    _run(tiny_model_dir, alpaca_file, out, *extra)
+    final = [h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "eval_loss" in h]
+    assert evals and final
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    sums = [_sums(model, model, b) for b in evals]  # step 2's evaluation and the final one: the same model
+    rows = [int(b["input_ids"].shape[0]) for b in evals]
+    nll = sum(r * s["nll"] / int(s["n"]) for r, s in zip(rows, sums)) / sum(rows)
+    dft = sum(r * s["dft"] / int(s["n"]) for r, s in zip(rows, sums)) / sum(rows)
+    assert final[-1]["eval_loss"] == pytest.approx(nll, rel=1e-4)
+    assert final[-1]["eval_loss"] != pytest.approx(dft, rel=1e-3)

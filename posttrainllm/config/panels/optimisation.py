@@ -149,11 +149,12 @@ OPTIMISATION: tuple[Opt, ...] = (
         key="loss_type",
         type=str,
         default="nll",
-        help="SFT loss (TRL's loss_type): nll, the mean cross-entropy of the loss tokens; or dft, Dynamic "
-        "Fine-Tuning (arXiv 2508.05629): each token's NLL weighted by its own probability (detached), mean over the "
-        "same tokens. With --kl-to-base β: DFT + β × KL(base ‖ model), the ASFT form. The evaluation loss "
-        "(eval_loss) is the same loss; --ood-eval's perplexity stays the plain one.",
-        commands=own("sft"),
+        help="The training loss: nll, the mean cross-entropy of the loss tokens; or dft, Dynamic Fine-Tuning "
+        "(arXiv 2508.05629): each token's NLL weighted by its own probability (detached), mean over the same tokens. "
+        "With --kl-to-base β: DFT + β × KL(base ‖ model), the ASFT form. sft: TRL's loss_type; finetune: "
+        "posttrainllm's. Only training uses it: the evaluation loss (eval_loss) and --ood-eval's perplexity stay "
+        "the plain NLL, so runs of either loss compare.",
+        commands=own("sft") | own("finetune"),
         check=one_of(SFT_LOSS_TYPES),
         metavar="NAME",
     ),

@@ -177,6 +177,7 @@ def test_the_plan_is_a_constructor_argument_not_a_class_attribute(tiny_model_dir
     from posttrainllm.commands.registry import resolve, spec_of
     from posttrainllm.planning import plan_param_groups
     from posttrainllm.training import build_trainer, trainer_class
+    from posttrainllm.training.dft import DFTLossMixin
 
     torch.set_num_threads(1)
     values = {"model": str(tiny_model_dir), "dataset": str(text_file), "output_dir": str(tmp_path / "o")}
@@ -190,7 +191,9 @@ def test_the_plan_is_a_constructor_argument_not_a_class_attribute(tiny_model_dir
     )
     assert trainer.llrd_plan is plan
     assert not any("llrd_plan" in vars(c) for c in type(trainer).__mro__)
-    assert type(trainer) is trainer_class(Trainer, False, False)  # one class per trainer class, made once and reused
+    # one class per trainer class (and the command's own mixins: finetune's DFT loss), made once and reused
+    assert type(trainer) is trainer_class(Trainer, False, False, DFTLossMixin)
+    assert trainer.dft is False  # the spec's keywords: the loss is DFT only under --loss-type dft
 
 
 def test_a_run_builds_its_trainer_config_once_and_checks_trainer_args_once(
