@@ -1,4 +1,5 @@
-"""Every forgetting method at equal in-domain loss, in a setting of the regime study (SmolLM2-135M-Instruct).
+"""Every forgetting method at equal in-domain loss, in a setting of the regime study (SmolLM2-135M-Instruct, or
+--family gemma3: Gemma 3 270M).
 
     python studies/methods.py                        # train, merge and evaluate every cell (resumable)
     python studies/methods.py --phase report         # only the tables and the frontier plot, from what has finished
@@ -6,6 +7,8 @@
     python studies/methods.py --only kl,llrd0.9      # a subset of the methods (names as in METHODS)
     python studies/methods.py --setting shakespeare  # regime.py's Shakespeare setting (out: methods-shakespeare/)
     python studies/methods.py --domain my_text.txt --lrs 3e-5,1e-4,3e-4   # a domain of yours (out: methods-my_text/)
+    python studies/methods.py --family gemma3 --setting shakespeare --steps 80 --lrs 3e-5 --max-forgetting 10
+                                                     # Gemma 3 270M, with the budgeted merge of each merged cell
 
 The default setting is regime.py's `code` one (`posttrainllm finetune` on the stdlib modules up to typing.py,
 240 steps of batch 4 x 192 tokens from the healed base, the same arguments), run first by `studies/regime.py`, whose
@@ -72,6 +75,7 @@ DOMAIN_EVAL_CHARS = 32_000
 SETTING = "code"  # set by --setting or --domain
 DOMAIN_FILE: Path | None = None
 TRAIN_TEXT, IN_DOMAIN, HELD_OUT, FORGET = SETTINGS[SETTING]
+FAMILY = "smollm2"  # set by --family
 
 
 def use_setting(name: str, domain: Path | None = None) -> None:
@@ -83,8 +87,8 @@ def use_setting(name: str, domain: Path | None = None) -> None:
 
 def use_family(family: str, steps: int) -> None:
     """The model family and step count of this process: regime.py's folder of that family holds its healed base."""
-    global REGIME_OUT, STEPS  # noqa: PLW0603 (one family per process)
-    REGIME_OUT, STEPS = family_out(REGIME_OUT, family), steps
+    global REGIME_OUT, STEPS, FAMILY  # noqa: PLW0603 (one family per process)
+    REGIME_OUT, STEPS, FAMILY = family_out(REGIME_OUT, family), steps, family
 
 
 MERGE_ALPHAS = "0.5,0.75"
@@ -226,6 +230,28 @@ def merges(cell: dict, run_dir: Path, healed: Path, files: dict, out: Path, only
         shutil.rmtree(dest)  # 0.5 GB each; the measurements are kept
 
 
+def budget(cell: dict, run_dir: Path, healed: Path, files: dict, out: Path, pct: str, chars: int, offset: int) -> None:
+    """`posttrainllm merge --max-forgetting PCT` of a trained cell: the merge picks its own alpha on this setting's
+    held-out texts cut at `offset` (other slices than the scored ones), then is scored like every model."""
+    name = f"budget{pct}-{cell['name']}"
+    if (out / "eval" / f"{name}.json").is_file():
+        return
+    own = prepare_data(out / "data-budget", chars, offset)
+    dest = out / "merged" / name
+    ood = [a for key in HELD_OUT for a in ("--ood-eval", str(own[key]))]
+    print(f"budget {pct}% {cell['name']}", flush=True)
+    t = cli(["merge", "--base", str(healed), "--model", str(run_dir), "--output-dir", str(dest), "--overwrite", *ood,
+             "--max-forgetting", pct, "--max-length", "192"], out / "logs" / f"merge-{name}.log")  # fmt: skip
+    # scored into a folder of its own first: out/eval holds only finished points
+    res = dict(regime_evaluate(name, dest, healed, files, out / "budget", keys=(IN_DOMAIN, *HELD_OUT)))
+    res["merge_wall_s"] = t
+    for fn in ("merge_results.json", "merge.json"):  # what the merge measured on its own texts, and its choice
+        if (dest / fn).is_file():
+            res.setdefault("budget_files", {})[fn] = json.loads((dest / fn).read_text())
+    (out / "eval" / f"{name}.json").write_text(json.dumps(res))
+    shutil.rmtree(dest)  # 0.5 GB; the measurements are kept
+
+
 def _point(name: str, res: dict, base: dict, wall: str) -> dict:
     """One evaluated model: in-domain NLL, per held-out text the PPL change (%) and KL, the Alpaca loss change (as
     % PPL), the compute, and its family (the method, or which trained cell a merge comes from)."""
@@ -251,7 +277,7 @@ def _point(name: str, res: dict, base: dict, wall: str) -> dict:
 
 
 def _wall(name: str, res: dict, out: Path) -> str:
-    if name.startswith("merge-"):
+    if name.startswith(("merge-", "budget")):
         return f"{res.get('merge_wall_s', 0):.0f} (merge)"
     lr, seed = name.split("-lr", 1)[1].rsplit("-s", 1)
     for d in (out / "runs" / name, REGIME_OUT / "runs" / f"{SETTING}-flat-lr{lr}-s{seed}"):
@@ -384,7 +410,7 @@ def plot(pts: list[dict], dest: Path) -> None:
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xlabel(f"in-domain NLL ({SETTING}; lower is better)")
     ax.set_ylabel(f"forgetting: mean PPL change vs healed base, % ({', '.join(FORGET)})")
-    ax.set_title(f"SmolLM2-135M-Instruct, finetune on {SETTING}, 240 steps: every method (hollow: seed 2)")
+    ax.set_title(f"{FAMILY}, finetune on {SETTING}, {STEPS} steps: every method (hollow: seed 2)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(dest, dpi=110)
@@ -420,6 +446,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=STEPS, help="steps of a trained cell (regime.py's --steps-code)")
     ap.add_argument("--merge-kinds", default="uniform,depth", help="the merges made of each MERGED cell")
     ap.add_argument("--plot", type=Path, default=None, help="write the frontier plot here (a PNG)")
+    ap.add_argument("--max-forgetting", default=None, help="also merge each MERGED cell with this budget (a %%)")
+    ap.add_argument(
+        "--budget-offset",
+        type=int,
+        default=None,
+        help="where the budget's own held-out texts start (default: offset + 2 x --heldout-chars)",
+    )
     args = ap.parse_args()
     if args.domain is not None and not args.domain.is_file():
         ap.error(f"--domain {args.domain}: no such file")
@@ -446,6 +479,11 @@ def main() -> None:
                 evaluate(cell["name"], run_dir, healed, files, out)
                 if merged(cell):
                     merges(cell, run_dir, healed, files, out, tuple(args.merge_kinds.split(",")))
+                    if args.max_forgetting:
+                        offset = args.budget_offset
+                        if offset is None:
+                            offset = args.heldout_offset + 2 * args.heldout_chars
+                        budget(cell, run_dir, healed, files, out, args.max_forgetting, args.heldout_chars, offset)
             except RuntimeError as err:  # one failed cell (its log says why) does not stop the others
                 print(f"  FAILED {cell['name']}: {err}", flush=True)
                 continue
