@@ -88,7 +88,7 @@ def resolve_model(
     if path is None:
         check_model_ref(ref, what, hint)
         return ref, None
-    info = gguf.inspect(path, what)
+    info = gguf.cached_inspect(path) or gguf.inspect(path, what)  # a converted file's header is not read again
     return str(gguf.convert(path, info, trust_remote_code=trust_remote_code)), info
 
 

@@ -418,6 +418,21 @@ def test_conversion_is_cached_per_file_version(tiny, tmp_path, monkeypatch, cach
     assert len(dirs) == 3 and all(n.startswith("tiny-") for n in dirs)  # no leftover temporary directory
 
 
+def test_a_converted_files_header_is_not_read_again(tiny, tmp_path, monkeypatch, cache):
+    src = copy_to(tiny.q8, tmp_path / "m" / "tiny.gguf")
+    first, info = models.resolve_model(str(src))
+    reads = []
+    real = pgguf.inspect
+    monkeypatch.setattr(pgguf, "inspect", lambda *a, **k: (reads.append(a[0]), real(*a, **k))[1])
+    second, again = models.resolve_model(str(src))
+    assert second == first and again == info and reads == []  # the record answered: what the banner shows is the same
+    assert info["quantization"] == "Q8_0" and info["file"] == str(src.resolve())
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))  # another version: read and converted anew
+    models.resolve_model(str(src))
+    assert reads == [src]
+
+
 # -------------------------------------------------------------------------------------------------------- 6. dpo
 def test_dpo_with_a_gguf_model_and_reference(tiny, preference_file, tmp_path):
     out = tmp_path / "dpo"
