@@ -149,7 +149,7 @@ def print_banner(title: str, info: dict[str, Any], plan, notes: Sequence[str] = 
     """The run banner: what runs on what, then the layer-decay row and the per-block table."""
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # a long path folds onto the next line whole, never cut to an ellipsis
     for k, v in info.items():
         if v not in (None, ""):
             t.add_row(k, str(v))
