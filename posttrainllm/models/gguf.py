@@ -152,6 +152,8 @@ def converted_dir(path: Path, root: Path | None = None) -> Path:
     return (root or cache_root()) / f"{path.stem}-{key}"
 
 
+# The fields `inspect` returns: a record that lacks one (written by an older version) is not used; a test checks
+# that the record's answer equals `inspect`'s, so a field added there and not here fails it.
 INFO_KEYS = ("file", "architecture", "quantization", "bits", "matrix_types", "tensor_types", "name")
 
 
