@@ -24,6 +24,9 @@ method is one extra group of CLI arguments on that run (the same in --setting sh
   selfreplay   --self-replay 256 at --replay-ratio 0.25 (samples of the starting model, no replay data needed)
   dft          --loss-type dft (Dynamic Fine-Tuning: each token's NLL weighted by its own probability, detached)
   dftkl        --loss-type dft --kl-to-base 0.5 (DFT with the KL anchor: the ASFT form)
+  sdft         `posttrainllm sdft` (TRL's SDFTTrainer) in place of finetune, on the same training text cut into
+               demonstrations: a prompt of about 96 tokens and its true continuation, which the teacher (the
+               model's moving average) is shown; the student samples its own continuation of up to 96 tokens
   (each method at flat's best LR, 3e-5, and the anchoring ones at 1e-4 too: ORDER lists the cells)
   merges       no training: `posttrainllm merge` of a trained cell toward the healed base, uniform (WiSE-FT,
                alpha 0.5 and 0.75) and depth-scaled (--llrd 0.9 with alpha 1: layer decay after training)
@@ -105,7 +108,11 @@ METHODS: dict[str, list[str]] = {
     "selfreplay": ["--self-replay", "256", "--replay-ratio", "0.25"],
     "dft": ["--loss-type", "dft"],
     "dftkl": ["--loss-type", "dft", "--kl-to-base", "0.5"],
+    "sdft": ["--max-completion-length", "96"],
 }
+# the methods trained by another command than finetune, on the training text as that command's rows (a data file)
+COMMANDS = {"sdft": ("sdft", "demos")}
+DEMO_CHARS = 340  # a demonstration's prompt, and its continuation: about 96 tokens of Shakespeare each (Gemma 3)
 # the cells, most informative first: the flat grid (3e-5 was flat's best in-domain LR at 240 steps, so 1e-5 brackets
 # it), each method at flat's best LR, then at 1e-4 where the anchoring methods have room to reach flat's in-domain loss
 ORDER = [
@@ -118,6 +125,8 @@ ORDER = [
     # DFT (its loss weights each token by its probability, so it moves less per step than the NLL) with and without
     # the KL anchor, at flat's best LR and at 1e-4
     ("dft", "3e-5"), ("dftkl", "3e-5"), ("dft", "1e-4"), ("dftkl", "1e-4"),
+    # SDFT (on-policy self-distillation from a teacher shown the true continuation) at flat's best LR
+    ("sdft", "3e-5"),
 ]  # fmt: skip
 # which trained cells are merged back toward the base (method, LR)
 MERGED = [("flat", "1e-4"), ("flat", "3e-4"), ("flat", "3e-5"), ("llrd0.9", "1e-4")]
@@ -141,7 +150,8 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
         texts["domain_train"], texts["domain_eval"] = text[:cut], text[cut : cut + DOMAIN_EVAL_CHARS]
     else:
         texts[TRAIN_TEXT] = sp[TRAIN_TEXT]
-    files = {}
+    files = {"demos": out / "demos.json"}
+    files["demos"].write_text(json.dumps(demonstrations(texts[TRAIN_TEXT])))
     for key, text in texts.items():
         files[key] = out / f"{key}.txt"
         files[key].write_text(text, encoding="utf-8")
@@ -150,6 +160,19 @@ def prepare_data(out: Path, heldout_chars: int, offset: int) -> dict[str, Path]:
     # the training run's own eval set: the same file as regime.py's setting, so that its flat runs are reusable
     files["regime_eval"] = files["domain_eval"] if DOMAIN_FILE else REGIME_OUT / "data" / f"{SETTING}_eval.txt"
     return files
+
+
+def demonstrations(text: str, chars: int = DEMO_CHARS) -> list[dict[str, str]]:
+    """The training text as prompt/completion rows (sdft's demonstrations): consecutive pieces, each cut at the
+    first line end after `chars` characters, a prompt and then its true continuation."""
+    rows, i = [], 0
+    while True:
+        cut = text.find("\n", i + chars) + 1
+        end = text.find("\n", cut + chars) + 1 if cut else 0
+        if not end:
+            return rows
+        rows.append({"prompt": text[i:cut], "completion": text[cut:end]})
+        i = end
 
 
 def cells(seeds: list[int], only: list[str] | None, lrs: list[str] | None = None) -> list[dict]:
@@ -185,12 +208,19 @@ def train(cell: dict, files: dict, healed: Path, out: Path) -> Path:
     if (run_dir / "training_complete.json").is_file():
         return run_dir
     extra = [a.replace("{replay}", str(files["replay"])) for a in cell["extra"]]
+    if cell["method"] in COMMANDS:  # another command, on the training text as its rows, no eval set of that shape
+        command, data = COMMANDS[cell["method"]]
+        data_args = [command, "--dataset", str(files[data])]
+        at = COMMON.index("--max-length")  # its lengths: a demonstration's prompt, and --max-completion-length
+        common = COMMON[:at] + COMMON[at + 2 :]
+    else:
+        data_args = ["finetune", "--dataset", str(files[TRAIN_TEXT]), "--eval-dataset", str(files["regime_eval"]),
+                     "--eval-steps", str(STEPS // 4)]  # fmt: skip
+        common = COMMON
     print(f"train {cell['name']}", flush=True)
     t = cli(
-        ["finetune", "--dataset", str(files[TRAIN_TEXT]), "--eval-dataset", str(files["regime_eval"]),
-         "--model", str(healed), "--output-dir", str(run_dir), "--overwrite", "--lr", cell["lr"],
-         "--seed", str(cell["seed"]), "--max-steps", str(STEPS), "--warmup-ratio", "0.05",
-         "--eval-steps", str(STEPS // 4), *COMMON, *extra],
+        [*data_args, "--model", str(healed), "--output-dir", str(run_dir), "--overwrite", "--lr", cell["lr"],
+         "--seed", str(cell["seed"]), "--max-steps", str(STEPS), "--warmup-ratio", "0.05", *common, *extra],
         out / "logs" / f"{cell['name']}.log",
     )  # fmt: skip
     (run_dir / "study_wall_s.txt").write_text(f"{t:.1f}\n")

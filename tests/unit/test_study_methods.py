@@ -68,3 +68,14 @@ def test_levels_of_kept_gain_are_measured_from_the_tuned_flat_run(methods):
     assert flat[0] == f"{(20 + 20 + 0) / 3:+.1f}%"
     assert flat[2] == f"{((20 + 20) / 3 + (5 + 5) / 3) / 2:+.1f}%"
     assert merge[2] == "+0.0%" and merge[0] == f"{40 / 3:+.1f}%"  # the trained cell is the merge at alpha 1
+
+
+def test_demonstrations_cut_the_training_text_into_prompts_and_their_true_continuations(methods):
+    text = "".join(f"line {i:03d} of the play\n" for i in range(40))  # 21 characters a line
+    rows = methods.demonstrations(text, chars=50)
+    # a piece ends at the first line end after 50 characters: 3 lines (63 characters), so 6 lines a row
+    assert len(rows) == 40 // 6
+    assert "".join(r["prompt"] + r["completion"] for r in rows) == text[: 6 * 21 * len(rows)]
+    assert rows[1] == {"prompt": text[126:189], "completion": text[189:252]}
+    assert all(r["prompt"].endswith("\n") and r["completion"].endswith("\n") for r in rows)
+    assert methods.demonstrations("no line end at all", chars=5) == []
