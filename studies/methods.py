@@ -125,8 +125,9 @@ ORDER = [
     # DFT (its loss weights each token by its probability, so it moves less per step than the NLL) with and without
     # the KL anchor, at flat's best LR and at 1e-4
     ("dft", "3e-5"), ("dftkl", "3e-5"), ("dft", "1e-4"), ("dftkl", "1e-4"),
-    # SDFT (on-policy self-distillation from a teacher shown the true continuation) at flat's best LR
-    ("sdft", "3e-5"),
+    # SDFT (on-policy self-distillation from a teacher shown the true continuation) at flat's best LR, and at 3e-4:
+    # its loss is a KL to a teacher that is nearly the student, so at flat's LR it barely leaves the base
+    ("sdft", "3e-5"), ("sdft", "3e-4"), ("sdft", "1e-4"),
 ]  # fmt: skip
 # which trained cells are merged back toward the base (method, LR)
 MERGED = [("flat", "1e-4"), ("flat", "3e-4"), ("flat", "3e-5"), ("llrd0.9", "1e-4")]
