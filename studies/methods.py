@@ -125,8 +125,8 @@ ORDER = [
     # DFT (its loss weights each token by its probability, so it moves less per step than the NLL) with and without
     # the KL anchor, at flat's best LR and at 1e-4
     ("dft", "3e-5"), ("dftkl", "3e-5"), ("dft", "1e-4"), ("dftkl", "1e-4"),
-    # SDFT (on-policy self-distillation from a teacher shown the true continuation) at flat's best LR, and at 3e-4:
-    # its loss is a KL to a teacher that is nearly the student, so at flat's LR it barely leaves the base
+    # SDFT (on-policy self-distillation from a teacher shown the true continuation) at flat's best LR, and at 3e-4
+    # and 1e-4: at flat's LR its KL to a teacher that is nearly the student barely moves it from the base
     ("sdft", "3e-5"), ("sdft", "3e-4"), ("sdft", "1e-4"),
 ]  # fmt: skip
 # which trained cells are merged back toward the base (method, LR)
