@@ -198,13 +198,18 @@ def merged(cell: dict) -> bool:
     return (cell["method"], cell["lr"]) in MERGED
 
 
-def _regime_run(cell: dict) -> Path:
-    return REGIME_OUT / "runs" / f"{SETTING}-flat-lr{cell['lr']}-s{cell['seed']}" / "training_complete.json"
+def _regime_run(cell: dict) -> Path | None:
+    """regime.py's finished flat run of this cell's LR and seed, if it trained as many steps as this study's cells."""
+    run = REGIME_OUT / "runs" / f"{SETTING}-flat-lr{cell['lr']}-s{cell['seed']}"
+    if not (run / "training_complete.json").is_file():
+        return None
+    config = json.loads((run / "run_config.json").read_text()) if (run / "run_config.json").is_file() else {}
+    return run if config.get("max_steps") == STEPS else None  # another --steps: train this study's own
 
 
 def train(cell: dict, files: dict, healed: Path, out: Path) -> Path:
-    if cell["method"] == "flat" and _regime_run(cell).is_file():  # regime.py's run of the same arguments
-        return _regime_run(cell).parent
+    if cell["method"] == "flat" and (reused := _regime_run(cell)) is not None:  # regime.py's run, the same arguments
+        return reused
     run_dir = out / "runs" / cell["name"]
     if (run_dir / "training_complete.json").is_file():
         return run_dir

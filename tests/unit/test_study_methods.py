@@ -79,3 +79,18 @@ def test_demonstrations_cut_the_training_text_into_prompts_and_their_true_contin
     assert rows[1] == {"prompt": text[126:189], "completion": text[189:252]}
     assert all(r["prompt"].endswith("\n") and r["completion"].endswith("\n") for r in rows)
     assert methods.demonstrations("no line end at all", chars=5) == []
+
+
+def test_a_flat_cell_reuses_the_regime_run_only_at_the_same_step_count(methods, tmp_path, monkeypatch):
+    monkeypatch.setattr(methods, "REGIME_OUT", tmp_path)
+    run = tmp_path / "runs" / "shakespeare-flat-lr3e-5-s1"
+    run.mkdir(parents=True)
+    cell = {"method": "flat", "lr": "3e-5", "seed": 1}
+    monkeypatch.setattr(methods, "STEPS", 80)
+    assert methods._regime_run(cell) is None  # not finished
+    (run / "training_complete.json").write_text("{}")
+    (run / "run_config.json").write_text('{"command": "finetune", "max_steps": 80}')
+    assert methods._regime_run(cell) == run
+    monkeypatch.setattr(methods, "STEPS", 160)
+    assert methods._regime_run(cell) is None  # trained 80 steps: a 160-step study trains its own
+    assert methods._regime_run({**cell, "seed": 2}) is None
